@@ -1,0 +1,3 @@
+from lensemble.cli import main
+
+main()

@@ -1,0 +1,219 @@
+"""The validated configuration: ``LensembleConfig`` (pydantic v2).
+
+Hydra composes the YAML groups under ``configs/``; the resulting plain dict is validated here. Any
+bad value raises :class:`~lensemble.errors.ConfigError` naming the dotted field and the fix, so a
+typo never silently becomes a default.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from lensemble.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Section):
+    """Encoder (timm ViT) and predictor sizes. Latents are ``latent_dim``-dimensional."""
+
+    img_size: int = Field(64, ge=16, description="square input resolution in pixels")
+    patch_size: int = Field(16, ge=2)
+    embed_dim: int = Field(128, ge=16, description="ViT width")
+    depth: int = Field(3, ge=1, description="ViT blocks")
+    num_heads: int = Field(4, ge=1)
+    latent_dim: int = Field(64, ge=2, description="d: dimension of one latent per frame")
+    projector_hidden: int = Field(512, ge=8)
+    predictor_width: int = Field(256, ge=8)
+    predictor_depth: int = Field(2, ge=1)
+    predictor_heads: int = Field(4, ge=1)
+    history: int = Field(3, ge=1, description="W: latents the predictor attends to")
+    action_dim: int = Field(2, ge=1, description="environment action dimension")
+    action_block: int = Field(5, ge=1, description="env steps per latent step (frameskip)")
+    action_embed_dim: int = Field(64, ge=4)
+    encoder_frozen: bool = Field(False, description="Fork A: never train the encoder")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.img_size % self.patch_size:
+            raise ValueError(f"img_size {self.img_size} is not a multiple of patch_size {self.patch_size}")
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+        if self.predictor_width % self.predictor_heads:
+            raise ValueError("predictor_width must be divisible by predictor_heads")
+        return self
+
+
+class ObjectiveConfig(_Section):
+    """Loss weights and the SIGReg sketch."""
+
+    lambda_pred: float = Field(1.0, ge=0)
+    lambda_sig: float = Field(0.1, ge=0)
+    sigreg_directions: int = Field(512, ge=1, description="S: columns of the sketch A (d x S)")
+    sigreg_knots: int = Field(17, ge=3)
+    sigreg_t_max: float = Field(3.0, gt=0, description="knots span [0, t_max]")
+    stop_gradient: bool = Field(True, description="stop-gradient on the target latent")
+
+
+class TrainConfig(_Section):
+    """The inner loop. Budgets are in optimizer steps, never seconds."""
+
+    steps: int = Field(300, ge=1)
+    batch_size: int = Field(64, ge=1, description="clips per step")
+    clip_len: int = Field(4, ge=2, description="latent steps per clip (frames at stride action_block)")
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_steps: int = Field(50, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    log_every: int = Field(10, ge=1)
+    checkpoint_every: int = Field(0, ge=0, description="0: only the final checkpoint")
+    threads: int = Field(2, ge=1, description="torch intra-op threads for training")
+
+
+class EnvConfig(_Section):
+    """Which stable-worldmodel environment generates the data."""
+
+    id: Literal["swm/TwoRoom-v1", "swm/PushT-v1"] = "swm/TwoRoom-v1"
+    max_episode_steps: int = Field(100, ge=2)
+
+
+class DataConfig(_Section):
+    """Collection, silos and the public probe."""
+
+    root: str = Field("data", description="folder for shards (relative to the run or absolute)")
+    num_silos: int = Field(2, ge=1)
+    episodes_per_silo: int = Field(40, ge=1)
+    steps_per_episode: int = Field(100, ge=2)
+    partition_factor: str = Field("agent.color", description="factor of variation defining silos")
+    severity: float = Field(1.0, ge=0, le=1, description="0 = IID, 1 = disjoint factor values")
+    random_action_share: float = Field(0.5, ge=0, le=1)
+    heldout_episodes: int = Field(10, ge=0, description="held-out episodes per silo (episode split)")
+    probe_frames: int = Field(256, ge=1, description="|P|: public probe frames")
+    workers: int = Field(2, ge=1, description="collection processes")
+
+
+class GaugeConfig(_Section):
+    """Gauge control; the ablation ladder's rungs are presets of these flags."""
+
+    rung: Literal["naive", "sketch", "backstop", "anchor", "distill", "custom"] = "naive"
+    shared_sketch: bool = False
+    backstop: bool = False
+    anchor: Literal["none", "A", "B"] = "none"
+    lambda_anc: float = Field(0.0, ge=0)
+    anchor_landmarks: int = Field(256, ge=1, description="k: probe landmarks; must be >= latent_dim")
+    singular_floor: float = Field(1e-6, gt=0)
+    distill: bool = False
+    distill_steps: int = Field(50, ge=1)
+    distill_lr: float = Field(1e-3, gt=0)
+
+
+class FederationConfig(_Section):
+    """DiLoCo rounds."""
+
+    rounds: int = Field(3, ge=1)
+    inner_steps: int = Field(50, ge=1, description="H: local AdamW steps per round")
+    outer_lr: float = Field(0.7, gt=0)
+    outer_momentum: float = Field(0.9, ge=0, lt=1)
+    nesterov: bool = True
+    min_participants: int = Field(2, ge=1, description="quorum")
+    round_timeout_s: float = Field(600.0, gt=0)
+    round_retries: int = Field(1, ge=0)
+    quantize_int8: bool = False
+    max_update_mb: float = Field(512.0, gt=0)
+    mode: Literal["fedavg_diloco", "fork_a"] = "fedavg_diloco"
+
+
+class PrivacyConfig(_Section):
+    """Update-level DP (off by default)."""
+
+    enabled: bool = False
+    clip_norm: float = Field(1.0, gt=0)
+    noise_multiplier: float = Field(1.0, ge=0)
+    target_epsilon: float | None = Field(None, gt=0)
+    delta: float = Field(1e-5, gt=0, lt=1)
+
+
+class EvalConfig(_Section):
+    """Latent MPC and the evaluation ladder (defaults follow the published protocol)."""
+
+    planner: Literal["cem", "icem", "mppi"] = "cem"
+    horizon: int = Field(5, ge=1)
+    receding_horizon: int = Field(5, ge=1)
+    num_samples: int = Field(300, ge=2)
+    iterations: int = Field(30, ge=1)
+    topk: int = Field(30, ge=1)
+    mppi_temperature: float = Field(0.5, gt=0)
+    episodes: int = Field(50, ge=1)
+    goal_offset: int = Field(25, ge=1, description="goal = expert state this many steps ahead")
+    budget: int = Field(50, ge=1, description="env steps allowed per episode")
+    seed: int = 0
+    heldout_factors: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.topk > self.num_samples:
+            raise ValueError(f"topk {self.topk} exceeds num_samples {self.num_samples}")
+        if self.receding_horizon > self.horizon:
+            raise ValueError("receding_horizon cannot exceed horizon")
+        return self
+
+
+class LensembleConfig(_Section):
+    """The whole run configuration."""
+
+    name: str = "tiny"
+    root_seed: int = 0
+    run_dir: str = "runs/default"
+    model: ModelConfig = ModelConfig()
+    objective: ObjectiveConfig = ObjectiveConfig()
+    train: TrainConfig = TrainConfig()
+    env: EnvConfig = EnvConfig()
+    data: DataConfig = DataConfig()
+    gauge: GaugeConfig = GaugeConfig()
+    federation: FederationConfig = FederationConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
+    eval: EvalConfig = EvalConfig()
+
+    @model_validator(mode="after")
+    def _cross_checks(self):
+        if self.gauge.anchor != "none" and self.gauge.anchor_landmarks < self.model.latent_dim:
+            raise ValueError(
+                f"gauge.anchor_landmarks={self.gauge.anchor_landmarks} < model.latent_dim="
+                f"{self.model.latent_dim}: k >= d landmarks are needed to pin the frame"
+            )
+        if self.gauge.anchor_landmarks > self.data.probe_frames and self.gauge.anchor != "none":
+            raise ValueError("gauge.anchor_landmarks cannot exceed data.probe_frames")
+        if self.federation.min_participants > self.data.num_silos:
+            raise ValueError("federation.min_participants exceeds data.num_silos")
+        return self
+
+    def config_hash(self) -> str:
+        """SHA-256 of the canonical JSON of the whole config (sorted keys)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def validate_config(raw: dict) -> LensembleConfig:
+    """Validate a plain dict (e.g. a composed Hydra config) into a ``LensembleConfig``.
+
+    Raises ConfigError naming every offending dotted field.
+    """
+    try:
+        return LensembleConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "<root>"
+            problems.append(f"{field}: {err['msg']}")
+        first = exc.errors()[0]["loc"] if exc.errors() else ()
+        raise ConfigError(
+            "invalid configuration: " + "; ".join(problems),
+            remediation=f"fix {'.'.join(str(p) for p in first) or 'the config'} in configs/ or on the command line",
+            fields=[".".join(str(p) for p in e["loc"]) for e in exc.errors()],
+        ) from None
