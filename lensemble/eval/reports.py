@@ -1,0 +1,164 @@
+"""``EvalReport``: the scalar-only record of one evaluation (DESIGN.md §7).
+
+A report leaves the machine that produced it (run folders, papers, dashboards), so it holds plain
+numbers and strings only. Two guards enforce that before any field is parsed:
+
+* an array or tensor anywhere in the input raises :class:`ResidencyViolation` (fail-closed): an
+  embedding or an observation smuggled into a report would break data residency;
+* a NaN or infinite number raises :class:`EvaluationError`: a broken metric must stop the run,
+  not print "nan" into a table.
+
+Out-of-range values are errors too, never clamped: a success rate of 1.02 means a bug upstream.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from lensemble.errors import EvaluationError, ResidencyViolation
+from lensemble.eval.stats import wilson_interval
+
+# Relative tolerance for the consistency checks between counts and derived rates.
+_TOL = 1e-9
+
+
+def _is_array_like(value: Any) -> bool:
+    if isinstance(value, np.ndarray):
+        return True
+    # A tensor cannot exist unless its library is imported, so look only at loaded modules.
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return True
+    # Other array libraries (jax, tensorflow, cupy, ...) expose __array__ or __dlpack__.
+    return hasattr(value, "__dlpack__") or hasattr(value, "__array_interface__")
+
+
+def _scan(value: Any, path: str) -> Any:
+    """Reject arrays/tensors and non-finite numbers anywhere in ``value``; unwrap numpy scalars."""
+    if _is_array_like(value) and not isinstance(value, np.generic):
+        raise ResidencyViolation(
+            f"EvalReport field {path!r} holds a {type(value).__module__}.{type(value).__name__}; "
+            "reports carry scalar metrics only"
+        )
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        raise EvaluationError(f"EvalReport field {path!r} is not finite ({value})")
+    if isinstance(value, dict):
+        return {k: _scan(v, f"{path}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_scan(v, f"{path}[{i}]") for i, v in enumerate(value))
+    return value
+
+
+class EvalReport(BaseModel):
+    """Scalar summary of one closed-loop evaluation plus the evaluation-ladder numbers.
+
+    Units: rates in [0, 1]; ``time_per_action_ms`` in milliseconds of wall time per executed
+    action (planning included); latent errors in the latent metric the ladder states (they are not
+    interchangeable across rungs). ``planning_samples`` counts candidate action sequences evaluated
+    by the model per planning call (num_samples × iterations). ``success_ci`` is the 95 % Wilson
+    interval of ``n_successes / n_episodes``; it is computed when not given and checked when given.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Closed-loop MPC success
+    success_rate: float
+    n_episodes: int = Field(ge=1)
+    n_successes: int = Field(ge=0)
+    success_ci: tuple[float, float]
+    planning_samples: int = Field(ge=1)
+    time_per_action_ms: float = Field(ge=0)
+    # Provenance
+    env_id: str
+    held_out_factors: tuple[str, ...] = ()
+    goal_spec_hash: str
+    seed: int
+    config_hash: str
+    checkpoint_hash: str
+    planner: str
+    # Evaluation ladder (each a separate number; None when not measured)
+    one_step_error: float | None = None
+    copy_last_error: float | None = None
+    rollout_error: dict[int, float] | None = None
+    rollout_composite: float | None = None
+    intervention_error: float | None = None
+    transfer_success_rate: float | None = None
+    probe_r2: float | None = None
+    effective_dim: float | None = None
+    latent_std: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _guard_inputs(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = {k: _scan(v, k) for k, v in data.items()}
+        rate = data.get("success_rate")
+        if isinstance(rate, (int, float)) and not 0.0 <= rate <= 1.0:
+            raise EvaluationError(f"success_rate must be in [0, 1], got {rate}")
+        transfer = data.get("transfer_success_rate")
+        if isinstance(transfer, (int, float)) and not 0.0 <= transfer <= 1.0:
+            raise EvaluationError(f"transfer_success_rate must be in [0, 1], got {transfer}")
+        n, k = data.get("n_episodes"), data.get("n_successes")
+        if data.get("success_ci") is None and isinstance(n, int) and isinstance(k, int):
+            if 0 <= k <= n and n >= 1:
+                data["success_ci"] = wilson_interval(k, n).as_tuple()
+        return data
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> "EvalReport":
+        if self.n_successes > self.n_episodes:
+            raise EvaluationError(f"n_successes {self.n_successes} exceeds n_episodes {self.n_episodes}")
+        expected = self.n_successes / self.n_episodes
+        if abs(self.success_rate - expected) > _TOL:
+            raise EvaluationError(f"success_rate {self.success_rate} != n_successes/n_episodes = {expected}")
+        wilson = wilson_interval(self.n_successes, self.n_episodes).as_tuple()
+        if any(abs(a - b) > _TOL for a, b in zip(self.success_ci, wilson, strict=True)):
+            raise EvaluationError(f"success_ci {self.success_ci} is not the 95% Wilson interval {wilson}")
+        for name in (
+            "one_step_error",
+            "copy_last_error",
+            "rollout_composite",
+            "intervention_error",
+            "effective_dim",
+            "latent_std",
+        ):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise EvaluationError(f"{name} must be >= 0, got {value}")
+        if self.rollout_error is not None:
+            for horizon, err in self.rollout_error.items():
+                if horizon < 1 or err < 0:
+                    raise EvaluationError(
+                        f"rollout_error needs horizons >= 1 and errors >= 0, got {horizon}: {err}"
+                    )
+        return self
+
+    # ----------------------------------------------------------------------------------------
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """JSON text; ``EvalReport.from_json(r.to_json()) == r``."""
+        return self.model_dump_json(indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "EvalReport":
+        """Parse and re-validate a report written by :meth:`to_json`."""
+        return cls.model_validate_json(text)
+
+    def metrics(self) -> dict[str, float]:
+        """The stable ``eval/*`` keys for the JSONL metrics sink."""
+        return {
+            "eval/success_rate": self.success_rate,
+            "eval/planning_samples": float(self.planning_samples),
+            "eval/time_per_action_ms": self.time_per_action_ms,
+        }
+
+
+__all__ = ["EvalReport"]

@@ -1,0 +1,725 @@
+"""Statistics for honest comparisons (DESIGN.md §7, "study discipline").
+
+Everything here works on small arrays of scalars (per-seed or per-episode numbers), never on
+tensors, and every random draw comes from a seeded ``numpy.random.Generator`` so an analysis is
+reproducible from its inputs and its seed.
+
+What is here, and why these choices:
+
+* **Bootstrap intervals** (:func:`bootstrap_ci`, :func:`paired_difference`). The experimental unit
+  is the seed (or the episode), so resampling draws whole units with replacement; several arrays
+  passed together are resampled with *one* set of indices, which keeps pairs paired. The default is
+  **BCa** (bias-corrected and accelerated): it adjusts the percentile points for median bias and for
+  skew (acceleration estimated by the jackknife), which matters for bounded or skewed statistics
+  such as success rates near 0 or 1 and ratios. When BCa is undefined (every replicate on one side
+  of the estimate, or a constant jackknife) we fall back to the plain percentile interval and say
+  so in ``method``. With very few units (say 3–5 seeds) no bootstrap can see the tails it has not
+  sampled: intervals are then too narrow, and a verdict should lean to "inconclusive".
+* **Rates**: Wilson score interval (good coverage, never leaves [0, 1], sensible at 0/n) and the
+  Clopper–Pearson exact interval (conservative: coverage at least the nominal level).
+* **Two proportions**: the difference with Newcombe's hybrid score interval (built from the two
+  Wilson intervals) and a pooled z-test or Fisher's exact test p-value.
+* **Paired tests**: an exact (or Monte-Carlo) sign-flip permutation test of the mean paired
+  difference, and a sign test.
+* **Multiplicity**: Holm (step-down) and Bonferroni, returning reject flags and adjusted p-values.
+* **Power**: the minimum detectable effect (MDE) for two independent proportions and for a paired
+  design over seeds, plus the inverse (units needed for a target effect). Normal approximations,
+  meant for planning before a run, never as post-hoc "observed power".
+* **Verdicts**: :func:`verdict` turns an estimate, its interval and the registered effect size δ
+  into "confirmed", "falsified" or "inconclusive" by a fixed rule (see its docstring).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import product
+from typing import Callable, Literal, Sequence
+
+import numpy as np
+from scipy import optimize, stats
+
+from lensemble.errors import EvaluationError
+
+Direction = Literal["increase", "decrease"]
+Alternative = Literal["two-sided", "greater", "less"]
+
+# Above this many pairs the sign-flip test is Monte-Carlo; 2**16 exact flips is still cheap.
+_EXACT_PERMUTATION_MAX_N = 16
+
+
+# --------------------------------------------------------------------------------------------
+# Result types
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A two-sided confidence interval ``[low, high]`` at ``level`` (e.g. 0.95)."""
+
+    low: float
+    high: float
+    level: float
+    method: str
+
+    def contains(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+    def as_tuple(self) -> tuple[float, float]:
+        return (self.low, self.high)
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """Mean of ``treatment - control`` over paired units, with a bootstrap CI and a p-value.
+
+    ``p_value`` is the two-sided sign-flip permutation p-value of the mean difference;
+    ``sd`` is the sample SD (ddof=1) of the per-unit differences (feeds :func:`mde_paired`).
+    """
+
+    estimate: float
+    ci: Interval
+    p_value: float
+    sd: float
+    n: int
+
+
+@dataclass(frozen=True)
+class ProportionComparison:
+    """Difference ``p_a - p_b`` of two independent rates with its CI and a test p-value."""
+
+    p_a: float
+    p_b: float
+    difference: float
+    ci: Interval
+    p_value: float
+    test: str
+
+
+@dataclass(frozen=True)
+class MultipleTestResult:
+    """Reject flags and adjusted p-values, in the order the p-values were given."""
+
+    reject: tuple[bool, ...]
+    adjusted: tuple[float, ...]
+    alpha: float
+    method: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of one registered claim: ``label`` is confirmed / falsified / inconclusive."""
+
+    label: Literal["confirmed", "falsified", "inconclusive"]
+    reason: str
+    estimate: float
+    ci: tuple[float, float]
+    delta: float
+    direction: Direction
+
+
+# --------------------------------------------------------------------------------------------
+# Input checks
+
+
+def _as_rng(seed: int | np.random.Generator) -> np.random.Generator:
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise EvaluationError(f"seed must be an int or numpy Generator, got {type(seed).__name__}")
+    return np.random.default_rng(int(seed))
+
+
+def _check_alpha(alpha: float) -> float:
+    if not (0.0 < float(alpha) < 1.0):
+        raise EvaluationError(f"alpha must be in (0, 1), got {alpha}")
+    return float(alpha)
+
+
+def _as_1d(x, name: str, *, min_n: int = 1) -> np.ndarray:
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.ndim != 1:
+        raise EvaluationError(f"{name} must be 1-D (one value per unit), got shape {arr.shape}")
+    if arr.size < min_n:
+        raise EvaluationError(f"{name} needs at least {min_n} values, got {arr.size}")
+    if not np.all(np.isfinite(arr)):
+        raise EvaluationError(f"{name} contains non-finite values")
+    return arr
+
+
+def _check_counts(successes: int, n: int) -> tuple[int, int]:
+    if isinstance(n, bool) or int(n) != n or n < 1:
+        raise EvaluationError(f"n must be a positive integer, got {n}")
+    if isinstance(successes, bool) or int(successes) != successes or not 0 <= successes <= n:
+        raise EvaluationError(f"successes must be an integer in [0, n={n}], got {successes}")
+    return int(successes), int(n)
+
+
+# --------------------------------------------------------------------------------------------
+# Bootstrap
+
+
+def bootstrap_ci(
+    data: np.ndarray | Sequence[np.ndarray],
+    statistic: Callable[..., np.ndarray] | None = None,
+    *,
+    n_boot: int = 10_000,
+    seed: int | np.random.Generator = 0,
+    alpha: float = 0.05,
+    method: Literal["bca", "percentile"] = "bca",
+) -> tuple[float, Interval]:
+    """Point estimate and bootstrap CI of ``statistic`` over units (rows).
+
+    Args:
+        data: one 1-D array of length n, or a sequence of 1-D arrays of equal length n that are
+            resampled *jointly* (same indices), e.g. per-seed scores of paired arms.
+        statistic: a function of the arrays that reduces the **last** axis and broadcasts over
+            leading axes, e.g. ``lambda x: x.mean(-1)`` or ``lambda a, b: a.mean(-1) / b.mean(-1)``.
+            It is called once on shape (n_boot, n) resamples and once on (n, n-1) jackknife
+            samples, which keeps the bootstrap vectorised. Default: the mean of the single array.
+        n_boot: bootstrap replicates.
+        seed: int seed or a ``numpy.random.Generator``.
+        alpha: 1 - confidence level (two-sided).
+        method: "bca" (default; falls back to percentile when BCa is undefined) or "percentile".
+
+    Returns:
+        ``(estimate, Interval)``.
+    """
+    alpha = _check_alpha(alpha)
+    arrays = [data] if isinstance(data, np.ndarray) or np.ndim(data) == 1 else list(data)
+    arrays = [_as_1d(a, "data", min_n=2) for a in arrays]
+    n = arrays[0].size
+    if any(a.size != n for a in arrays):
+        raise EvaluationError("all arrays passed to bootstrap_ci must have the same length")
+    if n_boot < 100:
+        raise EvaluationError(f"n_boot must be at least 100, got {n_boot}")
+    if statistic is None:
+        if len(arrays) != 1:
+            raise EvaluationError("pass a statistic when bootstrapping several arrays")
+
+        def statistic(x):
+            return x.mean(-1)
+
+    if method not in ("bca", "percentile"):
+        raise EvaluationError(f"unknown bootstrap method {method!r} (use 'bca' or 'percentile')")
+
+    estimate = float(statistic(*arrays))
+    rng = _as_rng(seed)
+    idx = rng.integers(0, n, size=(n_boot, n))
+    reps = np.asarray(statistic(*[a[idx] for a in arrays]), dtype=np.float64)
+    if reps.shape != (n_boot,):
+        raise EvaluationError("statistic must reduce the last axis to one value per resample")
+    if not np.all(np.isfinite(reps)):
+        raise EvaluationError("the statistic is non-finite on some bootstrap resamples")
+
+    lo_q, hi_q = alpha / 2, 1 - alpha / 2
+    used = "percentile"
+    if method == "bca":
+        adjusted = _bca_quantiles(arrays, statistic, estimate, reps, alpha)
+        if adjusted is not None:
+            lo_q, hi_q = adjusted
+            used = "bca"
+    low, high = np.quantile(reps, [lo_q, hi_q])
+    level = 1 - alpha
+    return estimate, Interval(float(low), float(high), level, f"bootstrap-{used}")
+
+
+def _bca_quantiles(arrays, statistic, estimate, reps, alpha) -> tuple[float, float] | None:
+    """BCa-adjusted quantile levels, or None when BCa is undefined (then use percentile)."""
+    # Bias correction: how far the replicate distribution's median sits from the estimate.
+    # Ties count half, which keeps discrete statistics (rates) from getting a spurious bias.
+    below = np.mean(reps < estimate) + 0.5 * np.mean(reps == estimate)
+    if below <= 0.0 or below >= 1.0:
+        return None
+    z0 = stats.norm.ppf(below)
+
+    # Acceleration from the jackknife: row i of the (n, n-1) matrix leaves unit i out.
+    n = arrays[0].size
+    keep = ~np.eye(n, dtype=bool)
+    jack = np.asarray(statistic(*[a[None, :].repeat(n, 0)[keep].reshape(n, n - 1) for a in arrays]))
+    dev = jack.mean() - jack
+    denom = 6.0 * np.sum(dev**2) ** 1.5
+    accel = float(np.sum(dev**3) / denom) if denom > 0 else 0.0
+
+    out = []
+    for z_a in (stats.norm.ppf(alpha / 2), stats.norm.ppf(1 - alpha / 2)):
+        shifted = z0 + z_a
+        corr = 1.0 - accel * shifted
+        if corr <= 0:
+            return None
+        out.append(float(stats.norm.cdf(z0 + shifted / corr)))
+    return out[0], out[1]
+
+
+def paired_difference(
+    treatment,
+    control,
+    *,
+    n_boot: int = 10_000,
+    seed: int | np.random.Generator = 0,
+    alpha: float = 0.05,
+    method: Literal["bca", "percentile"] = "bca",
+) -> PairedDifference:
+    """Mean paired difference ``treatment - control`` over units (seeds), with a bootstrap CI.
+
+    Args:
+        treatment, control: 1-D arrays of length n (n >= 2); entry i of both comes from the same
+            unit (same seed / same episode), which is what makes the comparison paired.
+
+    The CI resamples whole pairs (the per-unit differences); the p-value is the two-sided
+    sign-flip permutation test (:func:`paired_permutation_pvalue`).
+    """
+    t = _as_1d(treatment, "treatment", min_n=2)
+    c = _as_1d(control, "control", min_n=2)
+    if t.size != c.size:
+        raise EvaluationError(f"paired arrays differ in length: {t.size} vs {c.size}")
+    diff = t - c
+    rng = _as_rng(seed)
+    est, ci = bootstrap_ci(diff, n_boot=n_boot, seed=rng, alpha=alpha, method=method)
+    p = paired_permutation_pvalue(diff, seed=rng)
+    return PairedDifference(est, ci, p, float(diff.std(ddof=1)), int(diff.size))
+
+
+def paired_bootstrap_mean_diff(
+    treatment,
+    control,
+    *,
+    n_boot: int = 10_000,
+    seed: int | np.random.Generator = 0,
+    alpha: float = 0.05,
+    method: Literal["bca", "percentile"] = "bca",
+) -> tuple[float, Interval]:
+    """``mean(treatment) - mean(control)`` with a paired-seed bootstrap CI.
+
+    Both arrays are indexed by seed and resampled with the same indices. For equal-length paired
+    arrays this equals the mean of the differences; the function exists so callers can say what
+    they mean.
+    """
+    t = _as_1d(treatment, "treatment", min_n=2)
+    c = _as_1d(control, "control", min_n=2)
+    if t.size != c.size:
+        raise EvaluationError(f"paired arrays differ in length: {t.size} vs {c.size}")
+    return bootstrap_ci(
+        [t, c],
+        lambda a, b: a.mean(-1) - b.mean(-1),
+        n_boot=n_boot,
+        seed=seed,
+        alpha=alpha,
+        method=method,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Paired tests
+
+
+def paired_permutation_pvalue(
+    differences,
+    *,
+    alternative: Alternative = "two-sided",
+    n_perm: int = 20_000,
+    seed: int | np.random.Generator = 0,
+) -> float:
+    """Sign-flip permutation p-value for "the mean paired difference is zero".
+
+    Under the null each unit's difference is symmetric about 0, so flipping its sign is as likely
+    as not. Exact over all 2**n flips for n <= 16; otherwise Monte-Carlo with ``n_perm`` flips,
+    using (hits + 1) / (n_perm + 1) so the p-value is never 0.
+    """
+    d = _as_1d(differences, "differences", min_n=1)
+    if alternative not in ("two-sided", "greater", "less"):
+        raise EvaluationError(f"unknown alternative {alternative!r}")
+    n = d.size
+    observed = d.mean()
+    if n <= _EXACT_PERMUTATION_MAX_N:
+        signs = np.array(list(product((1.0, -1.0), repeat=n)))
+    else:
+        rng = _as_rng(seed)
+        signs = rng.choice(np.array([1.0, -1.0]), size=(n_perm, n))
+    null = (signs * d).mean(-1)
+    # A relative tolerance so that float noise in the flipped means never flips a tie.
+    tol = 1e-12 * max(1.0, float(np.abs(d).max()))
+    if alternative == "two-sided":
+        hits = np.sum(np.abs(null) >= abs(observed) - tol)
+    elif alternative == "greater":
+        hits = np.sum(null >= observed - tol)
+    else:
+        hits = np.sum(null <= observed + tol)
+    if n <= _EXACT_PERMUTATION_MAX_N:
+        return float(hits / signs.shape[0])
+    return float((hits + 1) / (n_perm + 1))
+
+
+def sign_test_pvalue(differences, *, alternative: Alternative = "two-sided") -> float:
+    """Exact sign test: the number of positive differences is Binomial(n, 1/2) under the null.
+
+    Zero differences carry no sign and are dropped; with no non-zero difference the p-value is 1.
+    """
+    d = _as_1d(differences, "differences", min_n=1)
+    nz = d[d != 0]
+    if nz.size == 0:
+        return 1.0
+    return float(stats.binomtest(int(np.sum(nz > 0)), nz.size, 0.5, alternative=alternative).pvalue)
+
+
+# --------------------------------------------------------------------------------------------
+# Rates
+
+
+def wilson_interval(successes: int, n: int, *, alpha: float = 0.05) -> Interval:
+    """Wilson score interval for a binomial rate ``successes / n``.
+
+    It inverts the score test, so it stays inside [0, 1] and gives a non-degenerate interval at
+    0/n and n/n, where the textbook Wald interval collapses to a point.
+    """
+    k, n = _check_counts(successes, n)
+    alpha = _check_alpha(alpha)
+    z = stats.norm.ppf(1 - alpha / 2)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    # Exact endpoints at the boundaries: rounding must not push 0/n above 0 or n/n below 1.
+    low = 0.0 if k == 0 else max(0.0, float(centre - half))
+    high = 1.0 if k == n else min(1.0, float(centre + half))
+    return Interval(low, high, 1 - alpha, "wilson")
+
+
+def clopper_pearson_interval(successes: int, n: int, *, alpha: float = 0.05) -> Interval:
+    """Clopper–Pearson "exact" interval: inverts two one-sided binomial tests via Beta quantiles.
+
+    Coverage is at least ``1 - alpha`` for every true rate (hence wider than Wilson).
+    """
+    k, n = _check_counts(successes, n)
+    alpha = _check_alpha(alpha)
+    low = 0.0 if k == 0 else float(stats.beta.ppf(alpha / 2, k, n - k + 1))
+    high = 1.0 if k == n else float(stats.beta.ppf(1 - alpha / 2, k + 1, n - k))
+    return Interval(low, high, 1 - alpha, "clopper-pearson")
+
+
+def rate_standard_error(p: float, n: int) -> float:
+    """Binomial standard error sqrt(p (1 - p) / n) of a rate estimated from n episodes."""
+    if not 0.0 <= p <= 1.0 or n < 1:
+        raise EvaluationError(f"need p in [0, 1] and n >= 1, got p={p}, n={n}")
+    return math.sqrt(p * (1 - p) / n)
+
+
+def compare_proportions(
+    successes_a: int,
+    n_a: int,
+    successes_b: int,
+    n_b: int,
+    *,
+    alpha: float = 0.05,
+    test: Literal["z", "fisher"] = "z",
+) -> ProportionComparison:
+    """Compare two independent rates (e.g. success of arm A vs arm B on separate episodes).
+
+    The CI of ``p_a - p_b`` is Newcombe's hybrid score interval: it combines the two Wilson
+    intervals, so it behaves at 0 % and 100 % where the Wald interval does not. The p-value is
+    the two-sided pooled z-test (``test="z"``) or Fisher's exact test (``test="fisher"``; use it
+    for small counts).
+    """
+    ka, na = _check_counts(successes_a, n_a)
+    kb, nb = _check_counts(successes_b, n_b)
+    pa, pb = ka / na, kb / nb
+    wa, wb = wilson_interval(ka, na, alpha=alpha), wilson_interval(kb, nb, alpha=alpha)
+    d = pa - pb
+    low = d - math.sqrt((pa - wa.low) ** 2 + (wb.high - pb) ** 2)
+    high = d + math.sqrt((wa.high - pa) ** 2 + (pb - wb.low) ** 2)
+    ci = Interval(max(-1.0, low), min(1.0, high), 1 - alpha, "newcombe-hybrid-score")
+    if test == "z":
+        pooled = (ka + kb) / (na + nb)
+        se = math.sqrt(pooled * (1 - pooled) * (1 / na + 1 / nb))
+        # Both arms at 0 % (or both at 100 %): no variation, no evidence of a difference.
+        p_value = 1.0 if se == 0 else float(2 * stats.norm.sf(abs(d) / se))
+    elif test == "fisher":
+        p_value = float(stats.fisher_exact([[ka, na - ka], [kb, nb - kb]]).pvalue)
+    else:
+        raise EvaluationError(f"unknown test {test!r} (use 'z' or 'fisher')")
+    return ProportionComparison(pa, pb, d, ci, p_value, test)
+
+
+# --------------------------------------------------------------------------------------------
+# Multiplicity
+
+
+def _check_pvalues(p_values) -> np.ndarray:
+    p = np.asarray(p_values, dtype=np.float64)
+    if p.ndim != 1 or p.size == 0:
+        raise EvaluationError("p_values must be a non-empty 1-D sequence")
+    if not np.all((p >= 0) & (p <= 1)):
+        raise EvaluationError("p-values must lie in [0, 1]")
+    return p
+
+
+def bonferroni(p_values, *, alpha: float = 0.05) -> MultipleTestResult:
+    """Bonferroni: reject H_i when m·p_i <= alpha (adjusted p = min(1, m·p_i))."""
+    alpha = _check_alpha(alpha)
+    p = _check_pvalues(p_values)
+    adj = np.minimum(1.0, p * p.size)
+    return MultipleTestResult(
+        tuple(bool(x) for x in adj <= alpha), tuple(float(x) for x in adj), alpha, "bonferroni"
+    )
+
+
+def holm(p_values, *, alpha: float = 0.05) -> MultipleTestResult:
+    """Holm's step-down procedure (controls the familywise error rate, uniformly beats Bonferroni).
+
+    Sort p ascending; the i-th smallest (1-based) is compared with alpha / (m - i + 1) and the
+    procedure stops at the first non-rejection. Adjusted p-values are the running maximum of
+    (m - i + 1)·p_(i), capped at 1, so ``reject == adjusted <= alpha``.
+    """
+    alpha = _check_alpha(alpha)
+    p = _check_pvalues(p_values)
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    scaled = p[order] * (m - np.arange(m))
+    # The running max enforces the step-down stop: once one hypothesis survives, later ones do too.
+    adj_sorted = np.minimum(1.0, np.maximum.accumulate(scaled))
+    adj = np.empty(m)
+    adj[order] = adj_sorted
+    return MultipleTestResult(
+        tuple(bool(x) for x in adj <= alpha), tuple(float(x) for x in adj), alpha, "holm"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Power / minimum detectable effect
+
+
+def _z_sum(alpha: float, power: float, alternative: Literal["two-sided", "one-sided"]) -> tuple:
+    alpha = _check_alpha(alpha)
+    if not 0.0 < power < 1.0:
+        raise EvaluationError(f"power must be in (0, 1), got {power}")
+    if alternative not in ("two-sided", "one-sided"):
+        raise EvaluationError(f"alternative must be 'two-sided' or 'one-sided', got {alternative}")
+    z_a = stats.norm.ppf(1 - alpha / 2) if alternative == "two-sided" else stats.norm.ppf(1 - alpha)
+    return float(z_a), float(stats.norm.ppf(power))
+
+
+def mde_two_proportions(
+    baseline: float,
+    n_per_arm: int,
+    *,
+    alpha: float = 0.05,
+    power: float = 0.8,
+    alternative: Literal["two-sided", "one-sided"] = "two-sided",
+    direction: Direction = "increase",
+) -> float:
+    """Smallest change of a success rate from ``baseline`` detectable with n episodes per arm.
+
+    Normal approximation for two independent arms: the test statistic uses the pooled variance
+    under the null, the power term the unpooled variance under the alternative, i.e. δ solves
+
+        δ = z_α·sqrt(2·p̄(1-p̄)/n) + z_β·sqrt((p0(1-p0) + p1(1-p1))/n),  p1 = p0 ± δ, p̄ = (p0+p1)/2.
+
+    Returns δ as a positive rate difference (0.24 = 24 points), or ``inf`` when no rate inside
+    [0, 1] is detectable. At p0 = 0.25 and n = 50 the per-arm standard error is about 0.061
+    (the "±6 points" of the design note) and δ is about 0.24.
+    """
+    if not 0.0 < baseline < 1.0:
+        raise EvaluationError(f"baseline must be in (0, 1), got {baseline}")
+    if n_per_arm < 1:
+        raise EvaluationError(f"n_per_arm must be >= 1, got {n_per_arm}")
+    if direction not in ("increase", "decrease"):
+        raise EvaluationError(f"direction must be 'increase' or 'decrease', got {direction}")
+    z_a, z_b = _z_sum(alpha, power, alternative)
+    sign = 1.0 if direction == "increase" else -1.0
+    room = (1.0 - baseline) if direction == "increase" else baseline
+
+    def gap(delta: float) -> float:
+        p1 = baseline + sign * delta
+        pbar = (baseline + p1) / 2
+        need = z_a * math.sqrt(2 * pbar * (1 - pbar) / n_per_arm) + z_b * math.sqrt(
+            (baseline * (1 - baseline) + p1 * (1 - p1)) / n_per_arm
+        )
+        return delta - need
+
+    if gap(room) < 0:
+        return math.inf
+    return float(optimize.brentq(gap, 1e-12, room, xtol=1e-10))
+
+
+def episodes_for_two_proportions(
+    baseline: float,
+    delta: float,
+    *,
+    alpha: float = 0.05,
+    power: float = 0.8,
+    alternative: Literal["two-sided", "one-sided"] = "two-sided",
+    direction: Direction = "increase",
+) -> int:
+    """Episodes per arm so that :func:`mde_two_proportions` is at most ``delta``."""
+    if not delta > 0:
+        raise EvaluationError(f"delta must be positive, got {delta}")
+    n = 1
+    # MDE falls monotonically in n; double then bisect.
+    while (
+        mde_two_proportions(
+            baseline, n, alpha=alpha, power=power, alternative=alternative, direction=direction
+        )
+        > delta
+    ):
+        n *= 2
+        if n > 10**9:
+            raise EvaluationError("delta is too small to detect with any practical sample")
+    lo, hi = max(1, n // 2), n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if (
+            mde_two_proportions(
+                baseline, mid, alpha=alpha, power=power, alternative=alternative, direction=direction
+            )
+            <= delta
+        ):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def mde_paired(
+    sd_diff: float,
+    n_units: int,
+    *,
+    alpha: float = 0.05,
+    power: float = 0.8,
+    alternative: Literal["two-sided", "one-sided"] = "two-sided",
+    distribution: Literal["normal", "t"] = "normal",
+) -> float:
+    """Minimum detectable mean paired difference over ``n_units`` seeds.
+
+    ``δ = (z_α + z_β)·σ_D/√n`` with σ_D the between-seed SD of the paired differences (the
+    normal planning formula). ``distribution="t"`` swaps in Student-t quantiles with n-1 degrees
+    of freedom, a more conservative approximation for the handful of seeds a study can afford.
+    """
+    if not sd_diff >= 0 or not math.isfinite(sd_diff):
+        raise EvaluationError(f"sd_diff must be a finite non-negative number, got {sd_diff}")
+    if n_units < 2:
+        raise EvaluationError(f"n_units must be >= 2, got {n_units}")
+    z_a, z_b = _z_sum(alpha, power, alternative)
+    if distribution == "t":
+        df = n_units - 1
+        one_sided_alpha = alpha / 2 if alternative == "two-sided" else alpha
+        z_a, z_b = float(stats.t.ppf(1 - one_sided_alpha, df)), float(stats.t.ppf(power, df))
+    elif distribution != "normal":
+        raise EvaluationError(f"distribution must be 'normal' or 't', got {distribution}")
+    return (z_a + z_b) * sd_diff / math.sqrt(n_units)
+
+
+def units_for_paired(
+    delta: float,
+    sd_diff: float,
+    *,
+    alpha: float = 0.05,
+    power: float = 0.8,
+    alternative: Literal["two-sided", "one-sided"] = "two-sided",
+    distribution: Literal["normal", "t"] = "normal",
+) -> int:
+    """Smallest number of paired units (seeds) whose :func:`mde_paired` is at most ``delta``."""
+    if not delta > 0:
+        raise EvaluationError(f"delta must be positive, got {delta}")
+    n = 2
+    while (
+        mde_paired(sd_diff, n, alpha=alpha, power=power, alternative=alternative, distribution=distribution)
+        > delta
+    ):
+        n += 1
+        if n > 10**6:
+            raise EvaluationError("delta is too small to detect with any practical number of seeds")
+    return n
+
+
+# --------------------------------------------------------------------------------------------
+# Verdicts
+
+
+def verdict(
+    estimate: float,
+    ci: Interval | tuple[float, float],
+    *,
+    delta: float,
+    direction: Direction = "increase",
+    p_value: float | None = None,
+    alpha: float = 0.05,
+) -> Verdict:
+    """Decide a registered claim "the effect is at least ``delta`` in ``direction``".
+
+    Work in the hypothesised direction: for "decrease" every number is negated first, so the
+    claim always reads "effect >= δ > 0". With interval [L, U] and point estimate e:
+
+    1. **falsified** if U < δ: the interval excludes every effect as large as the registered one
+       (this includes a significant effect in the wrong direction, and a real but too-small one).
+    2. **confirmed** if L > 0 *and* e >= δ (*and*, when ``p_value`` is given, e.g. a
+       Holm-adjusted one, ``p_value <= alpha``): the effect is distinguishable from zero in the
+       hypothesised direction and its best estimate reaches the registered size. Since e <= U,
+       a confirmed claim is never also falsified.
+    3. **inconclusive** otherwise: the interval still contains 0, or it excludes 0 but the
+       estimate falls short of δ while δ remains compatible with the data.
+
+    The interval should be at the level the study registered (and match any multiplicity
+    correction). No verdict is ever read off a point estimate alone.
+    """
+    if direction not in ("increase", "decrease"):
+        raise EvaluationError(f"direction must be 'increase' or 'decrease', got {direction!r}")
+    if not (math.isfinite(delta) and delta > 0):
+        raise EvaluationError(
+            f"delta must be a positive finite effect size (its sign is given by direction), got {delta}"
+        )
+    low, high = ci.as_tuple() if isinstance(ci, Interval) else (float(ci[0]), float(ci[1]))
+    values = (estimate, low, high)
+    if not all(math.isfinite(v) for v in values):
+        raise EvaluationError(f"estimate and interval must be finite, got {values}")
+    if low > high:
+        raise EvaluationError(f"interval is inverted: [{low}, {high}]")
+    if p_value is not None and not 0.0 <= p_value <= 1.0:
+        raise EvaluationError(f"p_value must be in [0, 1], got {p_value}")
+
+    s = 1.0 if direction == "increase" else -1.0
+    e, lo, hi = s * estimate, min(s * low, s * high), max(s * low, s * high)
+    word = "above" if direction == "increase" else "below"
+    span = f"[{low:.4g}, {high:.4g}]"
+    if hi < delta:
+        label = "falsified"
+        reason = f"the interval {span} excludes every {direction} of {delta:.4g} or more (registered)"
+    elif lo > 0 and e >= delta and (p_value is None or p_value <= alpha):
+        label = "confirmed"
+        reason = f"the interval {span} excludes 0 and the estimate {estimate:.4g} reaches {delta:.4g}"
+    elif lo > 0 and e >= delta:
+        label = "inconclusive"
+        reason = f"the interval {span} excludes 0 but the p-value {p_value:.4g} exceeds {alpha:.4g}"
+    elif lo > 0:
+        label = "inconclusive"
+        reason = (
+            f"the effect is {word} 0 but the estimate {estimate:.4g} falls short of the registered "
+            f"{delta:.4g}, which the interval {span} still allows"
+        )
+    else:
+        label = "inconclusive"
+        reason = f"the interval {span} contains 0 and still allows the registered effect {delta:.4g}"
+    return Verdict(label, reason, float(estimate), (float(low), float(high)), float(delta), direction)
+
+
+__all__ = [
+    "Interval",
+    "PairedDifference",
+    "ProportionComparison",
+    "MultipleTestResult",
+    "Verdict",
+    "bootstrap_ci",
+    "paired_difference",
+    "paired_bootstrap_mean_diff",
+    "paired_permutation_pvalue",
+    "sign_test_pvalue",
+    "wilson_interval",
+    "clopper_pearson_interval",
+    "rate_standard_error",
+    "compare_proportions",
+    "bonferroni",
+    "holm",
+    "mde_two_proportions",
+    "episodes_for_two_proportions",
+    "mde_paired",
+    "units_for_paired",
+    "verdict",
+]
