@@ -74,6 +74,7 @@ class TrainConfig(_Section):
     log_every: int = Field(10, ge=1)
     checkpoint_every: int = Field(0, ge=0, description="0: only the final checkpoint")
     threads: int = Field(2, ge=1, description="torch intra-op threads for training")
+    warmstart_steps: int = Field(300, ge=1, description="steps of the public-data warm start")
 
 
 class EnvConfig(_Section):
@@ -95,6 +96,7 @@ class DataConfig(_Section):
     random_action_share: float = Field(0.5, ge=0, le=1)
     heldout_episodes: int = Field(10, ge=0, description="held-out episodes per silo (episode split)")
     probe_frames: int = Field(256, ge=1, description="|P|: public probe frames")
+    public_episodes: int = Field(40, ge=0, description="public-corpus episodes (warm start data)")
     workers: int = Field(2, ge=1, description="collection processes")
 
 
@@ -106,7 +108,7 @@ class GaugeConfig(_Section):
     backstop: bool = False
     anchor: Literal["none", "A", "B"] = "none"
     lambda_anc: float = Field(0.0, ge=0)
-    anchor_landmarks: int = Field(256, ge=1, description="k: probe landmarks; must be >= latent_dim")
+    anchor_landmarks: int = Field(128, ge=1, description="k: probe landmarks; must be >= latent_dim")
     singular_floor: float = Field(1e-6, gt=0)
     distill: bool = False
     distill_steps: int = Field(50, ge=1)
@@ -127,6 +129,8 @@ class FederationConfig(_Section):
     quantize_int8: bool = False
     max_update_mb: float = Field(512.0, gt=0)
     mode: Literal["fedavg_diloco", "fork_a"] = "fedavg_diloco"
+    warmstart: str | None = Field(None, description="warm-start checkpoint folder; None: train one")
+    state_dir: str | None = Field(None, description="participants' local state (default <run>/nodes)")
 
 
 class PrivacyConfig(_Section):

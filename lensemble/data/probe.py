@@ -1,0 +1,130 @@
+"""The public probe: frames every participant may embed and share.
+
+The probe is rendered with *public* factor values (a role in the factor catalog that no silo and
+no evaluation split ever uses), so embedding it reveals nothing about any silo's data. It is a
+single array ``frames`` uint8 (P, 3, H, W) pinned by ``content_hash``: the hex SHA-256 over a
+domain tag and the frames' dtype, shape and bytes. Everyone who uses the probe (participants, the
+gauge, the drift report) verifies that hash; a probe that differs from the pinned one raises
+:class:`~lensemble.errors.ProbeError`, because comparing embeddings of different probes would
+measure the probe, not the models.
+
+On disk: ``probe-<hash>.npz`` with ``frames`` and a JSON ``meta`` (env, factor, the public values,
+seeds). Only the frames are hashed: the hash identifies the pixels that get embedded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from lensemble.errors import ProbeError
+
+_DOMAIN = b"lensemble.probe.v1"
+
+
+@dataclass
+class Probe:
+    """Public probe frames (P, 3, H, W) uint8, their hash and provenance."""
+
+    frames: np.ndarray
+    content_hash: str
+    meta: dict = field(default_factory=dict)
+    path: Path | None = None
+
+    def __len__(self) -> int:
+        return int(self.frames.shape[0])
+
+    def tensor(self):
+        """The frames as a torch uint8 tensor (P, 3, H, W), sharing memory."""
+        import torch
+
+        return torch.from_numpy(self.frames)
+
+    def verify(self, expected_hash: str) -> None:
+        """ProbeError unless this probe's frames hash to ``expected_hash``."""
+        check_probe(self.frames, expected_hash)
+
+
+def probe_hash(frames) -> str:
+    """Hex SHA-256 of probe frames (numpy array or torch tensor, (P, 3, H, W) uint8)."""
+    if hasattr(frames, "detach"):
+        frames = frames.detach().cpu().numpy()
+    a = np.ascontiguousarray(frames)
+    if a.dtype != np.uint8 or a.ndim != 4 or a.shape[1] != 3:
+        raise ProbeError(f"probe frames must be uint8 (P, 3, H, W), got {a.dtype} {a.shape}",
+                         remediation="build the probe with lensemble.data.collect_silos")
+    h = hashlib.sha256(_DOMAIN)
+    h.update(f"\0{a.dtype.str}\0{list(a.shape)}\0".encode())
+    h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
+def check_probe(frames, expected_hash: str) -> None:
+    """ProbeError unless ``frames`` hash to ``expected_hash``."""
+    got = probe_hash(frames)
+    if got != expected_hash:
+        raise ProbeError(
+            f"public probe hash {got[:12]}… does not match the pinned {expected_hash[:12]}…",
+            remediation="use the public probe whose hash the run was trained with (run manifest)",
+            expected=expected_hash, got=got,
+        )
+
+
+def frames_from_episodes(obs: np.ndarray, num_frames: int, stride: int) -> np.ndarray:
+    """Pick every ``stride``-th frame of each episode, in order, and keep the first ``num_frames``.
+
+    ``obs`` is (E, T+1, H, W, 3) uint8; returns (num_frames, 3, H, W) uint8.
+    """
+    picked = obs[:, ::stride].reshape(-1, *obs.shape[2:])
+    if picked.shape[0] < num_frames:
+        raise ValueError(f"only {picked.shape[0]} frames available for a probe of {num_frames}")
+    return np.ascontiguousarray(picked[:num_frames].transpose(0, 3, 1, 2))
+
+
+def save_probe(folder: str | Path, frames: np.ndarray, meta: dict | None = None) -> Probe:
+    """Write ``folder/probe-<hash>.npz`` (atomically) and return the pinned :class:`Probe`."""
+    digest = probe_hash(frames)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"probe-{digest}.npz"
+    tmp = folder / f".{path.name}.tmp"
+    with open(tmp, "wb") as fh:
+        np.savez_compressed(fh, frames=frames, meta=np.array(json.dumps(meta or {}, sort_keys=True)))
+    os.replace(tmp, path)
+    return Probe(frames=frames, content_hash=digest, meta=dict(meta or {}), path=path)
+
+
+def load_probe(path: str | Path, expected_hash: str | None = None) -> Probe:
+    """Load and verify a probe file.
+
+    The frames must hash to the hash in the file name and, when given, to ``expected_hash``
+    (the one pinned in the run manifest); otherwise ProbeError. Unreadable files also raise
+    ProbeError, never a bare numpy error.
+    """
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            frames = z["frames"]
+            meta = json.loads(str(z["meta"])) if "meta" in z.files else {}
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise ProbeError(f"cannot read public probe {path}: {exc}",
+                         remediation="restore the probe file or re-create it with "
+                                     "lensemble.data.collect_silos") from None
+    name = path.name
+    named = name.startswith("probe-") and name.endswith(".npz")
+    name_hash = name[len("probe-"):-len(".npz")] if named else None
+    got = probe_hash(frames)
+    for label, want in (("its file name", name_hash), ("the pinned hash", expected_hash)):
+        if want is not None and got != want:
+            raise ProbeError(
+                f"public probe {name}: hash {got[:12]}… does not match {label} ({want[:12]}…)",
+                remediation="use the public probe whose hash the run was trained with (run manifest)",
+                expected=want, got=got,
+            )
+    return Probe(frames=frames, content_hash=got, meta=meta, path=path)
