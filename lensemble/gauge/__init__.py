@@ -1,0 +1,45 @@
+"""Gauge control: Procrustes alignment, frame-drift diagnostics, anchor, backstop, distillation.
+
+See docs/gauge.md for the formulas and the conventions (row convention z' = z Q, float64 linear
+algebra, relative singular-value floor).
+"""
+
+from lensemble.gauge.anchor import FrameAnchor, polar_factor, select_landmarks
+from lensemble.gauge.backstop import align_and_redifference, rotate_state_dict
+from lensemble.gauge.distill import DistillResult, aligned_consensus, distill_encoder
+from lensemble.gauge.drift import (
+    GLOBAL_KEY,
+    DriftToGlobal,
+    FrameDriftReport,
+    PairSampling,
+    drift_magnitudes,
+    frame_drift,
+    frobenius_drift,
+    geodesic_angle_deg,
+    pair_key,
+    principal_angles,
+)
+from lensemble.gauge.procrustes import polar_factors, procrustes_align
+
+__all__ = [
+    "procrustes_align",
+    "polar_factors",
+    "polar_factor",
+    "principal_angles",
+    "geodesic_angle_deg",
+    "frobenius_drift",
+    "drift_magnitudes",
+    "pair_key",
+    "GLOBAL_KEY",
+    "frame_drift",
+    "FrameDriftReport",
+    "DriftToGlobal",
+    "PairSampling",
+    "FrameAnchor",
+    "select_landmarks",
+    "rotate_state_dict",
+    "align_and_redifference",
+    "aligned_consensus",
+    "distill_encoder",
+    "DistillResult",
+]

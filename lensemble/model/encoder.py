@@ -1,0 +1,94 @@
+"""Frame encoder f_θ: image -> one latent z ∈ R^d per frame.
+
+Layout (state-dict prefixes in brackets, relative to the encoder):
+
+1. ``vit``: a timm ``VisionTransformer`` trained from scratch (no pretrained weights), pooled on its
+   CLS token, ``num_classes=0`` so it returns the (B, embed_dim) pooled feature.
+2. ``projector``: Linear(embed_dim, projector_hidden) - LayerNorm - GELU - Linear(-> d).
+   LayerNorm rather than BatchNorm on purpose: BatchNorm running statistics lag the weights on
+   near-identical frames and have no well-defined federated average.
+3. ``frame``: ``nn.Linear(d, d, bias=False)`` initialised to the identity. It is the last thing
+   applied to z, so a change of latent basis z -> z Q is absorbed by ``frame.weight -> Qᵀ W``
+   alone (the gauge backstop rotates exactly this tensor).
+
+Pixel normalisation lives inside the module (non-persistent buffers, so the checkpoint holds
+parameters only): uint8 input is divided by 255, then mapped from [0, 1] to [-1, 1].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from timm.models.vision_transformer import VisionTransformer
+from torch import nn
+
+from lensemble.config.schema import ModelConfig
+
+
+class Encoder(nn.Module):
+    """ViT + projector + identity-initialised ``frame`` layer.
+
+    ``forward(x)``: x is uint8 (B, 3, H, W) in [0, 255] or floating (B, 3, H, W) in [0, 1];
+    returns z float32 (B, d) with d = ``model_cfg.latent_dim``. Frames whose H, W differ from
+    ``img_size`` are resized (bilinear, antialiased) so callers may pass native env renders; for
+    exact train/eval parity feed frames already at ``img_size``.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.img_size = cfg.img_size
+        self.latent_dim = cfg.latent_dim
+        self.vit = VisionTransformer(
+            img_size=cfg.img_size,
+            patch_size=cfg.patch_size,
+            in_chans=3,
+            num_classes=0,
+            global_pool="token",
+            embed_dim=cfg.embed_dim,
+            depth=cfg.depth,
+            num_heads=cfg.num_heads,
+            class_token=True,
+        )
+        self.projector = nn.Sequential(
+            nn.Linear(cfg.embed_dim, cfg.projector_hidden),
+            nn.LayerNorm(cfg.projector_hidden),
+            nn.GELU(),
+            nn.Linear(cfg.projector_hidden, cfg.latent_dim),
+        )
+        self.frame = nn.Linear(cfg.latent_dim, cfg.latent_dim, bias=False)
+        with torch.no_grad():
+            self.frame.weight.copy_(torch.eye(cfg.latent_dim))
+        # [0, 1] -> [-1, 1]; per-channel so a dataset-specific normalisation can be swapped in.
+        self.register_buffer("pixel_mean", torch.full((1, 3, 1, 1), 0.5), persistent=False)
+        self.register_buffer("pixel_std", torch.full((1, 3, 1, 1), 0.5), persistent=False)
+
+    def preprocess(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 (B,3,H,W) or float in [0,1] -> normalised float32 (B,3,img,img)."""
+        if x.ndim != 4 or x.shape[1] != 3:
+            raise ValueError(
+                f"encoder expects (B, 3, H, W) channels-first frames, got shape {tuple(x.shape)}"
+            )
+        if x.dtype == torch.uint8:
+            x = x.to(torch.float32) / 255.0
+        elif not torch.is_floating_point(x):
+            raise TypeError(f"encoder expects uint8 or floating frames, got {x.dtype}")
+        else:
+            x = x.to(torch.float32)
+        if x.shape[-2:] != (self.img_size, self.img_size):
+            x = F.interpolate(
+                x, size=(self.img_size, self.img_size), mode="bilinear", antialias=True,
+                align_corners=False,
+            )
+        return (x - self.pixel_mean) / self.pixel_std
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Frames (B, 3, H, W) -> latents (B, d)."""
+        feat = self.vit(self.preprocess(x))  # (B, embed_dim): CLS token after the final norm
+        return self.frame(self.projector(feat))
+
+    def encode_frames(self, x: torch.Tensor) -> torch.Tensor:
+        """Clips (B, T, 3, H, W) -> latents (B, T, d), all frames in one batched pass."""
+        if x.ndim != 5:
+            raise ValueError(f"encode_frames expects (B, T, 3, H, W), got shape {tuple(x.shape)}")
+        b, t = x.shape[:2]
+        return self.forward(x.reshape(b * t, *x.shape[2:])).reshape(b, t, -1)

@@ -1,0 +1,124 @@
+"""The JEPA training objective and the SIGReg sketch schedule.
+
+    total = λ_pred · MSE(g(z_{<K-1}, a), sg(z_{1:}))  +  λ_sig · SIGReg_A(all latents of the batch)
+            + λ_anc · anchor(model)
+
+The anchor term is pluggable (the gauge package supplies it); the sketch A is passed per call so
+the caller decides its schedule: :func:`sketch_for_step` (fresh every step, single-site) or
+:func:`sketch_for_round` (one A per federated round shared by every participant,
+INV-SKETCH-CONSISTENCY).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from lensemble.config.schema import ObjectiveConfig
+from lensemble.config.seeds import torch_generator
+from lensemble.model.sigreg import make_sketch, sigreg
+
+AnchorFn = Callable[[torch.nn.Module], torch.Tensor]
+
+
+@dataclass
+class LossTerms:
+    """Loss terms of one step. ``total`` carries the graph; the others are the *unweighted*
+    terms (fp32 scalars; pred/sigreg/anchor are detached). ``latents`` is the detached batch
+    of latents (B, K, d) for diagnostics such as effective dimension."""
+
+    total: torch.Tensor
+    pred: torch.Tensor
+    sigreg: torch.Tensor
+    anchor: torch.Tensor
+    latents: torch.Tensor | None = None
+
+    def as_floats(self) -> dict[str, float]:
+        """Python floats for logging: {"loss", "pred", "sigreg", "anchor"}."""
+        return {
+            "loss": float(self.total.detach()),
+            "pred": float(self.pred),
+            "sigreg": float(self.sigreg),
+            "anchor": float(self.anchor),
+        }
+
+
+def sketch_for_step(
+    root_seed: int, step: int, d: int, num_directions: int, *, site: str | int | None = None
+) -> torch.Tensor:
+    """Fresh sketch (d, S) for single-site step ``step``: seed derive(root, "sketch", "step", step)
+    (plus ``site`` when given, so independent silos draw independent sketches)."""
+    labels = ("sketch", "step", step) if site is None else ("sketch", "site", site, "step", step)
+    return make_sketch(d, num_directions, torch_generator(root_seed, *labels))
+
+
+def sketch_for_round(root_seed: int, round_idx: int, d: int, num_directions: int) -> torch.Tensor:
+    """The sketch (d, S) every participant uses in round ``round_idx``:
+    seed derive(root_seed, "sketch", round_idx), as DESIGN.md §3 specifies."""
+    return make_sketch(d, num_directions, torch_generator(root_seed, "sketch", round_idx))
+
+
+class JEPAObjective:
+    """Callable loss: ``objective(model, obs, actions, sketch) -> LossTerms``.
+
+    Args:
+        objective_cfg: λ_pred, λ_sig, SIGReg knots / t_max, stop-gradient flag.
+        anchor: optional ``anchor(model) -> scalar tensor`` (gauge anchor term).
+        lambda_anc: weight of the anchor term (``cfg.gauge.lambda_anc``). The anchor is not
+            evaluated when it is None or lambda_anc == 0; the anchor field is then 0.
+    """
+
+    def __init__(
+        self, objective_cfg: ObjectiveConfig, *, anchor: AnchorFn | None = None, lambda_anc: float = 1.0
+    ):
+        if lambda_anc < 0:
+            raise ValueError(f"lambda_anc must be >= 0, got {lambda_anc}")
+        self.cfg = objective_cfg
+        self.anchor = anchor
+        self.lambda_anc = float(lambda_anc)
+
+    def __call__(
+        self,
+        model: torch.nn.Module,
+        obs: torch.Tensor,
+        actions: torch.Tensor,
+        sketch: torch.Tensor,
+    ) -> LossTerms:
+        """One clip batch.
+
+        model: a WorldModel (``.encoder.encode_frames``, ``.predictor``).
+        obs: uint8 (B, K, 3, H, W) frames at stride ``action_block``; actions: float (B, K-1, A*b);
+        sketch: (d, S) unit-norm directions (moved to the latents' device).
+        """
+        if obs.ndim != 5:
+            raise ValueError(f"obs must be (B, K, 3, H, W), got {tuple(obs.shape)}")
+        b, k = obs.shape[:2]
+        if k < 2:
+            raise ValueError("a clip needs at least 2 frames")
+        if actions.shape[:2] != (b, k - 1):
+            raise ValueError(f"actions must be (B={b}, K-1={k - 1}, A*b), got {tuple(actions.shape)}")
+        cfg = self.cfg
+        z = model.encoder.encode_frames(obs)  # (B, K, d)
+        pred = model.predictor(z[:, :-1], actions.to(z.dtype))
+        target = z[:, 1:].detach() if cfg.stop_gradient else z[:, 1:]
+        pred_loss = F.mse_loss(pred.float(), target.float())
+        sig = sigreg(z, sketch, knots=cfg.sigreg_knots, t_max=cfg.sigreg_t_max)
+        total = cfg.lambda_pred * pred_loss + cfg.lambda_sig * sig
+        if self.anchor is not None and self.lambda_anc > 0:
+            anc = self.anchor(model).float()
+            total = total + self.lambda_anc * anc
+        else:
+            anc = torch.zeros((), device=z.device)
+        return LossTerms(
+            total=total,
+            pred=pred_loss.detach(),
+            sigreg=sig.detach(),
+            anchor=anc.detach(),
+            latents=z.detach(),
+        )
+
+
+__all__ = ["JEPAObjective", "LossTerms", "sketch_for_round", "sketch_for_step"]

@@ -1,0 +1,89 @@
+"""The inner training loop shared by ``train_local`` and federated participants.
+
+AdamW with linear warm-up, gradient clipping, and the JEPA objective. The loop counts optimizer
+steps, never seconds, so a result never depends on machine speed. Batches come from a seeded
+``torch.Generator`` owned by the caller, which is what makes a run bitwise reproducible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from lensemble.config.schema import LensembleConfig
+from lensemble.eval.metrics import effective_dim, latent_std
+from lensemble.model.objective import AnchorFn, JEPAObjective, LossTerms
+from lensemble.model.world_model import WorldModel
+
+SketchFn = Callable[[int], torch.Tensor]
+
+
+class InnerLoop:
+    """Runs AdamW steps of the JEPA objective on clips drawn from ``sampler``.
+
+    ``sampler.sample(batch_size, generator)`` must return an object with ``obs`` uint8
+    (B, K, 3, H, W) and ``actions`` float32 (B, K-1, A*b). The optimizer state lives here, so a
+    participant can persist it across rounds (``state_dict``/``load_state_dict``).
+    """
+
+    def __init__(self, model: WorldModel, cfg: LensembleConfig, sampler, *, anchor: AnchorFn | None = None):
+        self.model = model
+        self.cfg = cfg
+        self.sampler = sampler
+        self.objective = JEPAObjective(cfg.objective, anchor=anchor, lambda_anc=cfg.gauge.lambda_anc)
+        params = model.trainable_parameters()
+        if not params:
+            raise ValueError("the model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+        self.steps_done = 0  # optimizer steps taken by this loop (drives the warm-up)
+
+    def lr_at(self, step: int) -> float:
+        warm = self.cfg.train.warmup_steps
+        return self.cfg.train.lr * min(1.0, (step + 1) / warm) if warm else self.cfg.train.lr
+
+    def step(self, sketch: torch.Tensor, generator: torch.Generator) -> tuple[LossTerms, float]:
+        """One optimizer step; returns the loss terms and the pre-clip gradient norm."""
+        lr = self.lr_at(self.steps_done)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        batch = self.sampler.sample(self.cfg.train.batch_size, generator)
+        self.model.train()
+        terms = self.objective(self.model, batch.obs, batch.actions, sketch)
+        self.optimizer.zero_grad(set_to_none=True)
+        terms.total.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.trainable_parameters(), self.cfg.train.grad_clip)
+        self.optimizer.step()
+        self.steps_done += 1
+        return terms, float(grad_norm)
+
+    def run(self, num_steps: int, *, sketch_fn: SketchFn, generator: torch.Generator,
+            on_step: Callable[[int, dict], None] | None = None, log_every: int = 1) -> dict[str, float]:
+        """Take ``num_steps`` steps; ``on_step(i, metrics)`` sees every step's scalar metrics.
+
+        Returns the metrics of the last step. ``sketch_fn(i)`` gives the SIGReg sketch of step i
+        (fresh per step single-site, constant within a federated round). Collapse diagnostics
+        (effective dimension, latent std) cost an eigendecomposition, so they are computed only
+        every ``log_every`` steps and on the last one.
+        """
+        last: dict[str, float] = {}
+        for i in range(num_steps):
+            terms, grad_norm = self.step(sketch_fn(i), generator)
+            last = {f"loss/{'total' if k == 'loss' else k}": v for k, v in terms.as_floats().items()}
+            last["train/grad_norm"] = grad_norm
+            last["train/lr"] = self.optimizer.param_groups[0]["lr"]
+            diagnose = (i + 1) % log_every == 0 or i == num_steps - 1
+            if diagnose and terms.latents is not None:
+                z = terms.latents.reshape(-1, terms.latents.shape[-1])
+                last["gauge/effective_dim"] = effective_dim(z)
+                last["train/latent_std"] = latent_std(z)
+            if on_step is not None:
+                on_step(i, last)
+        return last
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "steps_done": self.steps_done}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps_done = int(state["steps_done"])

@@ -1,0 +1,124 @@
+"""Encoder and WorldModel construction: shapes, identity frame, Fork A, rebuild, gauge rotation."""
+
+import json
+
+import pytest
+import torch
+
+from lensemble.config.schema import ModelConfig
+from lensemble.errors import ArtifactError
+from lensemble.model import (
+    GAUGE_KEYS,
+    architecture,
+    build_world_model,
+    rotate_latent_basis_,
+    world_model_from_state,
+)
+
+D = 16
+
+
+def tiny_cfg(**kw) -> ModelConfig:
+    base = dict(
+        img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2, latent_dim=D,
+        projector_hidden=32, predictor_width=32, predictor_depth=1, predictor_heads=2,
+        history=3, action_dim=2, action_block=2, action_embed_dim=8,
+    )
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def frames(n, size=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, 3, size, size), generator=g, dtype=torch.uint8)
+
+
+def random_orthogonal(d, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, r = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
+    return (q * torch.sign(torch.diagonal(r))).float()
+
+
+def test_encoder_shapes_and_input_types():
+    m = build_world_model(tiny_cfg(), init_seed=0)
+    x = frames(4)
+    z = m.encoder(x)
+    assert z.shape == (4, D) and z.dtype == torch.float32
+    # float input in [0, 1] is the same image as uint8 / 255
+    torch.testing.assert_close(m.encoder(x.float() / 255), z)
+    clips = x.reshape(2, 2, 3, 16, 16)
+    zc = m.encoder.encode_frames(clips)
+    assert zc.shape == (2, 2, D)
+    torch.testing.assert_close(zc.reshape(4, D), z)
+    torch.testing.assert_close(m.encode(clips), zc)
+    # native-resolution frames are resized to img_size
+    assert m.encoder(frames(2, size=32)).shape == (2, D)
+    with pytest.raises(ValueError):
+        m.encoder(torch.zeros(2, 16, 16, 3, dtype=torch.uint8))  # channels-last is rejected
+
+
+def test_frame_layer_is_identity_at_init_and_contract_keys_exist():
+    m = build_world_model(tiny_cfg(), init_seed=0)
+    assert m.encoder.frame.bias is None
+    torch.testing.assert_close(m.encoder.frame.weight, torch.eye(D), rtol=0, atol=0)
+    state = m.state_dict()
+    for key in GAUGE_KEYS + ("predictor.in_proj.bias",):
+        assert key in state
+    assert state["predictor.in_proj.weight"].shape == (32, D)
+    assert state["predictor.out_proj.weight"].shape == (D, 32)
+    # normalisation constants are not checkpoint state
+    assert not any("pixel_" in k for k in state)
+
+
+def test_init_seed_is_reproducible_and_leaves_global_rng_alone():
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    a = build_world_model(tiny_cfg(), init_seed=5).state_dict()
+    assert torch.equal(torch.random.get_rng_state(), before)
+    b = build_world_model(tiny_cfg(), init_seed=5).state_dict()
+    c = build_world_model(tiny_cfg(), init_seed=6).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["predictor.in_proj.weight"], c["predictor.in_proj.weight"])
+
+
+def test_fork_a_freezes_encoder_only():
+    m = build_world_model(tiny_cfg(encoder_frozen=True), init_seed=0)
+    assert all(not p.requires_grad for p in m.encoder.parameters())
+    assert all(p.requires_grad for p in m.predictor.parameters())
+    ids = {id(p) for p in m.trainable_parameters()}
+    assert ids == {id(p) for p in m.predictor.parameters()}
+    m2 = build_world_model(tiny_cfg(), init_seed=0)
+    assert all(p.requires_grad for p in m2.parameters())
+
+
+def test_architecture_roundtrip_strict():
+    cfg = tiny_cfg()
+    m = build_world_model(cfg, init_seed=1)
+    arch = json.loads(json.dumps(architecture(cfg)))  # JSON-able
+    tensors = {k: v.clone() for k, v in m.state_dict().items()}
+    m2 = world_model_from_state(arch, tensors)
+    x = frames(3)
+    torch.testing.assert_close(m2.encoder(x), m.encoder(x), rtol=0, atol=0)
+    # numpy arrays are accepted too
+    m3 = world_model_from_state(arch, {k: v.numpy() for k, v in tensors.items()})
+    torch.testing.assert_close(m3.encoder(x), m.encoder(x), rtol=0, atol=0)
+    missing = dict(tensors)
+    missing.pop("encoder.frame.weight")
+    with pytest.raises(ArtifactError):
+        world_model_from_state(arch, missing)
+    with pytest.raises(ArtifactError):
+        world_model_from_state(arch, {**tensors, "extra.weight": torch.zeros(1)})
+    with pytest.raises(ArtifactError):
+        world_model_from_state({"format": "other"}, tensors)
+
+
+def test_rotation_reparametrises_encoder_exactly():
+    m = build_world_model(tiny_cfg(), init_seed=2)
+    x = frames(5)
+    with torch.no_grad():
+        z = m.encoder(x)
+        q = random_orthogonal(D, seed=3)
+        rotate_latent_basis_(m, q)
+        z_rot = m.encoder(x)
+    torch.testing.assert_close(z_rot, z @ q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(m.encoder.frame.weight, q.T, rtol=1e-6, atol=1e-6)

@@ -1,0 +1,130 @@
+"""JEPAObjective: loss terms, gradients, stop-gradient, anchor plug-in, Fork A, sketch schedule."""
+
+import math
+
+import pytest
+import torch
+
+from lensemble.config.schema import ModelConfig, ObjectiveConfig
+from lensemble.config.seeds import torch_generator
+from lensemble.model import (
+    JEPAObjective,
+    LossTerms,
+    build_world_model,
+    make_sketch,
+    sigreg,
+    sketch_for_round,
+    sketch_for_step,
+)
+
+D = 16
+
+
+def tiny_cfg(**kw) -> ModelConfig:
+    base = dict(
+        img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2, latent_dim=D,
+        projector_hidden=32, predictor_width=32, predictor_depth=1, predictor_heads=2,
+        history=3, action_dim=2, action_block=2, action_embed_dim=8,
+    )
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def clips(b=3, k=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randint(0, 256, (b, k, 3, 16, 16), generator=g, dtype=torch.uint8)
+    return obs, torch.randn(b, k - 1, 4, generator=g)
+
+
+def obj_cfg(**kw):
+    return ObjectiveConfig(**{"sigreg_directions": 32, **kw})
+
+
+def test_loss_terms_and_grads_on_all_trainable_params():
+    model = build_world_model(tiny_cfg(), init_seed=0)
+    obs, act = clips()
+    objective = JEPAObjective(obj_cfg())
+    terms = objective(model, obs, act, sketch_for_step(0, 0, D, 32))
+    assert isinstance(terms, LossTerms)
+    floats = terms.as_floats()
+    assert set(floats) == {"loss", "pred", "sigreg", "anchor"}
+    assert all(isinstance(v, float) and math.isfinite(v) for v in floats.values())
+    assert floats["anchor"] == 0.0
+    torch.testing.assert_close(terms.total, terms.pred + 0.1 * terms.sigreg)
+    assert terms.latents.shape == (3, 4, D) and not terms.latents.requires_grad
+    terms.total.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all(), name
+
+
+def test_sigreg_term_uses_all_latents_of_the_batch():
+    model = build_world_model(tiny_cfg(), init_seed=0)
+    obs, act = clips()
+    a = sketch_for_step(0, 1, D, 32)
+    terms = JEPAObjective(obj_cfg())(model, obs, act, a)
+    with torch.no_grad():
+        z = model.encoder.encode_frames(obs).reshape(-1, D)
+    torch.testing.assert_close(terms.sigreg, sigreg(z, a))
+
+
+def test_stop_gradient_changes_encoder_gradient():
+    obs, act = clips()
+    grads = []
+    for sg in (True, False):
+        model = build_world_model(tiny_cfg(), init_seed=1)
+        JEPAObjective(obj_cfg(stop_gradient=sg, lambda_sig=0.0))(
+            model, obs, act, sketch_for_step(0, 0, D, 32)
+        ).total.backward()
+        grads.append(model.encoder.frame.weight.grad.clone())
+    assert not torch.allclose(grads[0], grads[1])
+
+
+def test_anchor_plugin_is_weighted_and_skipped_at_zero():
+    model = build_world_model(tiny_cfg(), init_seed=0)
+    obs, act = clips()
+    calls = []
+
+    def anchor(m):
+        calls.append(m)
+        return m.encoder.frame.weight.square().sum()  # ‖I‖² = D at init
+
+    a = sketch_for_step(0, 0, D, 32)
+    terms = JEPAObjective(obj_cfg(), anchor=anchor, lambda_anc=0.5)(model, obs, act, a)
+    assert calls == [model]
+    assert terms.as_floats()["anchor"] == pytest.approx(D)
+    torch.testing.assert_close(terms.total, terms.pred + 0.1 * terms.sigreg + 0.5 * D)
+    JEPAObjective(obj_cfg(), anchor=anchor, lambda_anc=0.0)(model, obs, act, a)
+    assert len(calls) == 1
+
+
+def test_fork_a_trains_predictor_only():
+    model = build_world_model(tiny_cfg(encoder_frozen=True), init_seed=0)
+    obs, act = clips()
+    JEPAObjective(obj_cfg())(model, obs, act, sketch_for_step(0, 0, D, 32)).total.backward()
+    assert all(p.grad is None for p in model.encoder.parameters())
+    for name, p in model.predictor.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def test_rejects_bad_clip_shapes():
+    model = build_world_model(tiny_cfg(), init_seed=0)
+    obs, act = clips()
+    objective = JEPAObjective(obj_cfg())
+    with pytest.raises(ValueError):
+        objective(model, obs, act[:, :2], sketch_for_step(0, 0, D, 32))
+    with pytest.raises(ValueError):
+        objective(model, obs[:, 0], act, sketch_for_step(0, 0, D, 32))
+
+
+def test_sketch_schedules():
+    r = sketch_for_round(7, 3, D, 32)
+    assert torch.equal(r, sketch_for_round(7, 3, D, 32))  # every participant gets the same A
+    assert torch.equal(r, make_sketch(D, 32, torch_generator(7, "sketch", 3)))
+    assert not torch.equal(r, sketch_for_round(7, 4, D, 32))
+    assert not torch.equal(r, sketch_for_round(8, 3, D, 32))
+    s = sketch_for_step(7, 3, D, 32)
+    assert not torch.equal(s, r)  # step and round streams are distinct
+    assert not torch.equal(s, sketch_for_step(7, 4, D, 32))
+    assert not torch.equal(sketch_for_step(7, 3, D, 32, site="a"), sketch_for_step(7, 3, D, 32, site="b"))
+    torch.testing.assert_close(r.norm(dim=0), torch.ones(32))
