@@ -44,6 +44,92 @@ def show_config(overrides: list[str] = OVERRIDES):
     console.print(f"config_hash {cfg.config_hash()}")
 
 
+@data_app.command("collect")
+def data_collect(overrides: list[str] = OVERRIDES):
+    """Collect every silo, the held-out splits, the public corpus and the probe (with progress)."""
+    from lensemble.training.datasets import ensure_data
+
+    try:
+        cfg = _load(overrides)
+        folder, summary = ensure_data(cfg, progress=True)
+    except LensembleError as exc:
+        _fail(exc)
+    console.print(f"data in [bold]{folder}[/] · probe {summary['probe']['content_hash'][:16]}… · "
+                  f"{summary.get('frames_per_second', 'cached')} frames/s")
+    for silo in summary["silos"]:
+        console.print(f"  silo {silo['silo']}: {silo['train']['episodes']} train episodes, factor values "
+                      f"{len(silo['values'])}")
+
+
+@app.command("train")
+def train(source: str = typer.Option("pooled", help="pooled | silo-<i> | public"),
+          overrides: list[str] = OVERRIDES):
+    """Train one world model on one dataset (centralized or local-only baseline)."""
+    from lensemble.training.trainer import train_local
+
+    try:
+        res = train_local(_load(overrides), source=source)
+    except LensembleError as exc:
+        _fail(exc)
+    console.print(f"checkpoint [bold]{res.checkpoint_dir}[/] hash {res.checkpoint_hash}")
+    console.print({k: round(v, 4) for k, v in res.final_metrics.items()})
+
+
+@app.command("warmstart")
+def warmstart(overrides: list[str] = OVERRIDES):
+    """Train the public warm start (public corpus only) and print its pinned hash."""
+    from lensemble.training.warmstart import train_warmstart
+
+    try:
+        res = train_warmstart(_load(overrides))
+    except LensembleError as exc:
+        _fail(exc)
+    console.print(f"warm start [bold]{res.checkpoint_dir}[/] hash {res.checkpoint_hash}")
+
+
+@app.command("run")
+def run(engine: str = typer.Option("inprocess", help="inprocess | ray (Flower simulation engine)"),
+        overrides: list[str] = OVERRIDES):
+    """Run a federated DiLoCo training (resumes a run folder that already holds rounds)."""
+    try:
+        cfg = _load(overrides)
+        if engine == "inprocess":
+            from lensemble.federation.inprocess import run_inprocess
+
+            summary = run_inprocess(cfg, cfg.run_dir)
+        else:
+            from lensemble.federation.simulation import launch_simulation
+
+            summary = launch_simulation(cfg, cfg.run_dir, engine=engine)
+    except LensembleError as exc:
+        _fail(exc)
+    last = summary["rounds"][-1] if summary.get("rounds") else {}
+    console.print(f"[bold]{summary['rounds_completed']}[/] rounds · final checkpoint {summary['final_checkpoint']}")
+    console.print(f"final hash {summary['final_hash']}")
+    keys = ("loss/pred", "gauge/drift_angle_deg", "gauge/effective_dim", "fed/comm_bytes", "dp/epsilon")
+    console.print({k: last[k] for k in keys if k in last})
+
+
+@app.command("drift")
+def drift(checkpoints: list[str] = typer.Argument(..., help="checkpoint folders (one per participant)"),
+          probe: str = typer.Option(..., help="the public probe file (.npz)"),
+          probe_hash: str = typer.Option(None, help="expected probe hash (default: the checkpoints' own)"),
+          out: str = typer.Option(None, help="write the FrameDriftReport JSON here")):
+    """Frame drift between checkpoints on the pinned public probe."""
+    from lensemble.gauge.checkpoints import drift_between_checkpoints
+
+    try:
+        report = drift_between_checkpoints(checkpoints, probe, expected_probe_hash=probe_hash)
+    except LensembleError as exc:
+        _fail(exc)
+    text = report.model_dump_json(indent=1)
+    if out:
+        from pathlib import Path
+
+        Path(out).write_text(text)
+    print(text)
+
+
 def main():  # entry point for `python -m lensemble`
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")

@@ -1,0 +1,128 @@
+"""The participant's ClientApp: one "train" message in, one guarded reply out.
+
+Per message: read the node's identity from ``context.node_config`` (``partition-id``, optional
+``data-path`` and ``state-dir``), decode the global arrays, the round config and the optional
+public ``extras`` arrays, rebuild the run's config from the round config's ``config-json`` (so a
+SuperNode needs no config files of its own), call ``participant_round`` from the roles module, and reply with only ``delta``, ``probe`` and
+``metrics`` (:func:`~lensemble.federation.flower.records.reply_to_content` enforces that).
+
+Any exception, ResidencyViolation included, becomes a Flower error reply; the coordinator counts
+it as a failure for this round. Flower's CLI loads the module-level ``app``; Python launchers call
+:func:`make_client_app` with the run configuration baked in.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from lensemble.config.schema import LensembleConfig, validate_config
+from lensemble.errors import ConfigError
+from lensemble.federation.flower import load_roles, merge_run_config
+from lensemble.federation.flower.records import (
+    ARRAYS,
+    CONFIG,
+    EXTRAS,
+    record_to_arrays,
+    record_to_config,
+    reply_to_content,
+)
+
+PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
+DATA_PATH = "data-path"
+STATE_DIR = "state-dir"
+
+
+def _single_thread() -> None:
+    # Virtual clients get one CPU each (Ray num_cpus=1); more intra-op threads only fight.
+    import torch
+
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+def config_from_round(round_config: Mapping[str, Any]) -> LensembleConfig:
+    """The run's validated config, carried as JSON in the round config (key ``config-json``)."""
+    blob = round_config.get("config-json")
+    if not isinstance(blob, str) or not blob:
+        raise ConfigError("the round config carries no 'config-json'",
+                          remediation="the coordinator must put the resolved config in round_config()")
+    return validate_config(json.loads(blob))
+
+
+def default_state_dir(cfg: LensembleConfig, run_config: Mapping[str, Any]) -> Path:
+    """Where participants keep local state when the node config names no ``state-dir``.
+
+    ``node-state-dir`` baked in by a Python launcher (simulation: the coordinator's
+    ``<run>/nodes``), else ``federation.state_dir``, else ``~/.cache/lensemble/state/<config hash>``
+    on the node's own disk. The roles module adds a per-participant folder below it.
+    """
+    if run_config.get("node-state-dir"):
+        return Path(str(run_config["node-state-dir"]))
+    if cfg.federation.state_dir:
+        return Path(cfg.federation.state_dir)
+    return Path.home() / ".cache" / "lensemble" / "state" / cfg.config_hash()[:12]
+
+
+def node_spec(context: Context, cfg: LensembleConfig, node_cls: type, run_config: Mapping[str, Any]):
+    """Build the roles module's ``NodeSpec`` from the node's config (see :func:`default_state_dir`)."""
+    nc = context.node_config
+    if PARTITION_ID not in nc:
+        raise ConfigError("this node has no 'partition-id' in its node config",
+                          remediation="start the SuperNode with --node-config 'partition-id=N'")
+    try:
+        pid = int(nc[PARTITION_ID])
+    except (TypeError, ValueError):
+        raise ConfigError(f"partition-id must be an integer, got {nc[PARTITION_ID]!r}",
+                          remediation="use --node-config 'partition-id=0'") from None
+    if not 0 <= pid < cfg.data.num_silos:
+        raise ConfigError(f"partition-id {pid} is outside [0, data.num_silos={cfg.data.num_silos})",
+                          remediation="give each site a distinct partition-id below data.num_silos")
+    if nc.get(NUM_PARTITIONS) not in (None, "") and int(nc[NUM_PARTITIONS]) != cfg.data.num_silos:
+        raise ConfigError(f"this node says num-partitions={nc[NUM_PARTITIONS]} but the run has "
+                          f"data.num_silos={cfg.data.num_silos}",
+                          remediation="fix the node's --node-config or the run's data.num_silos")
+    data_path = str(nc[DATA_PATH]) if nc.get(DATA_PATH) else None
+    state_dir = Path(str(nc[STATE_DIR])) if nc.get(STATE_DIR) else default_state_dir(cfg, run_config)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    return node_cls(partition_id=pid, data_path=data_path, state_dir=str(state_dir))
+
+
+def handle_train(msg: Message, context: Context, baked: Mapping[str, Any] | None = None) -> Message:
+    """One participant round for one "train" message; returns the guarded reply."""
+    _single_thread()
+    run_config = merge_run_config(context.run_config, baked)
+    roles = load_roles(str(run_config["roles"]))
+    global_arrays = record_to_arrays(msg.content[ARRAYS])
+    round_config = record_to_config(msg.content[CONFIG])
+    cfg = config_from_round(round_config)
+    node = node_spec(context, cfg, roles.NodeSpec, run_config)
+    if EXTRAS in msg.content:  # public side inputs, e.g. anchor targets
+        extras = record_to_arrays(msg.content[EXTRAS])
+        reply = roles.participant_round(cfg, node, global_arrays, round_config, extras)
+    else:
+        reply = roles.participant_round(cfg, node, global_arrays, round_config)
+    return Message(reply_to_content(reply, partition_id=node.partition_id), reply_to=msg)
+
+
+def make_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
+    """A ClientApp whose run configuration is ``run_config`` over ``context.run_config``."""
+    baked = dict(run_config or {})
+    client = ClientApp()
+
+    @client.train()
+    def train(msg: Message, context: Context) -> Message:
+        return handle_train(msg, context, baked)
+
+    return client
+
+
+app = make_client_app()
+
+__all__ = ["app", "make_client_app", "handle_train", "node_spec", "default_state_dir", "config_from_round"]

@@ -1,0 +1,244 @@
+"""The real ServerApp and ClientApp on the in-process grid, with the fake roles (fake_roles.py).
+
+Fast: no Ray, no sockets. Covers the round loop, config plumbing with and without
+``context.run_config``, wire-byte accounting, the egress guard, failing and slow nodes, retries.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import tomllib
+from pathlib import Path
+
+import fake_roles
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
+
+from lensemble.errors import FaultToleranceExceeded, ResidencyViolation
+from lensemble.federation.flower import RUN_CONFIG_DEFAULTS, load_roles
+from lensemble.federation.flower.client_app import make_client_app
+from lensemble.federation.flower.local_grid import LocalGrid, run_inprocess
+from lensemble.federation.flower.records import (
+    arrays_to_record,
+    config_to_record,
+    content_to_reply,
+    metrics_to_record,
+    record_nbytes,
+    record_to_arrays,
+    record_to_config,
+    reply_to_content,
+)
+from lensemble.federation.flower.server_app import make_server_app
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLES = "fake_roles"
+
+
+def _prepare(tmp_path: Path, overrides: str = "", behaviour: dict | None = None) -> tuple[Path, dict]:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if behaviour:
+        (run_dir / "behaviour.json").write_text(json.dumps(behaviour))
+    rc = {"overrides": f"experiment=micro {overrides}".strip(), "run-dir": str(run_dir),
+          "roles": ROLES, "progress": True, "node-state-dir": str(run_dir / "nodes")}
+    return run_dir, rc
+
+
+def _lines(run_dir: Path, name: str = "rounds.jsonl") -> list[dict]:
+    path = run_dir / name
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def _run(tmp_path, overrides="", behaviour=None, num_nodes=2):
+    run_dir, rc = _prepare(tmp_path, overrides, behaviour)
+    run_inprocess(make_server_app(rc), make_client_app(rc), num_nodes, run_config=rc)
+    return run_dir
+
+
+@pytest.mark.parametrize("plumbing", ["context", "baked"])
+def test_two_nodes_two_rounds(tmp_path, plumbing):
+    """Both replies reach the coordinator every round, whichever way the run config arrives."""
+    run_dir, rc = _prepare(tmp_path)
+    if plumbing == "context":  # like `flwr run`: apps read context.run_config
+        run_inprocess(make_server_app(), make_client_app(), 2, run_config=rc)
+    else:  # like flwr's run_simulation: empty context.run_config, config baked into the apps
+        run_inprocess(make_server_app(rc), make_client_app(rc), 2, run_config={})
+    rounds = _lines(run_dir)
+    assert [r["round"] for r in rounds] == [0, 1]
+    for r in rounds:
+        assert r["participants"] == ["silo-0", "silo-1"]
+        assert r["failures"] == {}
+        assert r["probe_shapes"] == {"silo-0": [4, 2], "silo-1": [4, 2]}
+    # participant state persisted on local disk across rounds; str metrics never left; bool -> int
+    assert [r["metrics"]["silo-1"]["rounds_seen"] for r in rounds] == [1, 2]
+    assert (run_dir / "nodes" / "silo-1" / "rounds_seen.txt").read_text() == "2"
+    assert "note" not in rounds[0]["metrics"]["silo-0"] and rounds[0]["metrics"]["silo-0"]["ok"] == 1
+    # the coordinator's public extras reached every participant
+    extras = fake_roles.Coordinator.extras
+    assert rounds[0]["metrics"]["silo-1"]["extras_sum"] == sum(float(v.sum()) for v in extras.values())
+    # bytes on the wire: global and extras once per node, plus each reply's delta and probe arrays
+    glob = arrays_to_record({**{k: np.zeros(s, np.float32) for k, s in fake_roles.SHAPES.items()}, **extras})
+    delta = arrays_to_record({"fp32": np.zeros(fake_roles.NUMEL, np.float32)})
+    probe = arrays_to_record({"embeddings": np.zeros((4, 2), np.float32)})
+    assert rounds[0]["wire_bytes"] == 2 * record_nbytes(glob) + 2 * (record_nbytes(delta) + record_nbytes(probe))
+    # outer step with lr 1: the mean of 0.1 and 0.2, twice
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds"] == 2
+    np.testing.assert_allclose(summary["global"]["a"], [0.3] * 3, rtol=1e-6)
+
+
+def test_resume_runs_only_remaining_rounds(tmp_path):
+    run_dir = _run(tmp_path, "federation.rounds=1")
+    rc = {"overrides": "experiment=micro federation.rounds=2", "run-dir": str(run_dir), "roles": ROLES,
+          "node-state-dir": str(run_dir / "nodes")}
+    run_inprocess(make_server_app(rc), make_client_app(rc), 2)
+    assert [r["round"] for r in _lines(run_dir)] == [0, 1]
+
+
+def test_egress_guard_refuses_extra_fields_and_records():
+    good = fake_roles.Reply(round_index=0, payload={"fp32": np.zeros(7, np.float32)},
+                            probe_embeddings=np.zeros((4, 2), np.float32), metrics={"loss": 1.0})
+    content = reply_to_content(good, partition_id=3)
+    assert set(content.keys()) == {"delta", "probe", "metrics"}
+    back, pid = content_to_reply(content, fake_roles.Reply)
+    assert pid == 3 and back.metrics == {"loss": 1.0}
+
+    leaky = fake_roles.LeakyReply(**vars(good), raw_observations=np.zeros((1, 4, 4, 3), np.uint8))
+    with pytest.raises(ResidencyViolation, match="raw_observations"):
+        reply_to_content(leaky, partition_id=0)
+    hidden = fake_roles.Reply(round_index=0, payload={"fp32": np.zeros(7, np.float32), "obs": np.zeros(3)},
+                              probe_embeddings=good.probe_embeddings, metrics={})
+    with pytest.raises(ResidencyViolation):
+        reply_to_content(hidden, partition_id=0)
+    with pytest.raises(ResidencyViolation):
+        reply_to_content(fake_roles.Reply(0, good.payload, good.probe_embeddings,
+                                          {"x": np.zeros(2)}), partition_id=0)
+    with pytest.raises(ResidencyViolation, match="reserved"):
+        reply_to_content(fake_roles.Reply(0, good.payload, good.probe_embeddings,
+                                          {"lensemble/partition-id": 7}), partition_id=0)
+    # the server refuses a reply carrying anything beyond the three records
+    smuggled = RecordDict({**dict(content.items()), "raw": arrays_to_record({"x": np.zeros(2)})})
+    with pytest.raises(ResidencyViolation):
+        content_to_reply(smuggled, fake_roles.Reply)
+    extra_cfg = RecordDict({**dict(content.items()), "note": ConfigRecord({"path": "/data/site0"})})
+    with pytest.raises(ResidencyViolation):
+        content_to_reply(extra_cfg, fake_roles.Reply)
+
+
+def test_leaking_participant_stops_the_run(tmp_path):
+    """The guard refuses on the participant; the fail-closed error then stops the federation."""
+    with pytest.raises(ResidencyViolation, match="raw_observations"):
+        _run(tmp_path, "federation.min_participants=1", {"leak": {"1": [0]}})
+    assert _lines(tmp_path / "run") == []  # nothing committed
+
+
+def test_raising_node_with_quorum_one_round_completes(tmp_path):
+    run_dir = _run(tmp_path, "federation.min_participants=1", {"raise": {"1": [0]}})
+    rounds = _lines(run_dir)
+    assert rounds[0]["participants"] == ["silo-0"]
+    (reason,) = rounds[0]["failures"].values()
+    assert "RuntimeError" in reason and "on purpose" in reason
+    assert rounds[1]["participants"] == ["silo-0", "silo-1"]
+    assert rounds[1]["failures"] == {}
+
+
+def test_raising_node_with_quorum_two_exhausts_retries(tmp_path):
+    with pytest.raises(FaultToleranceExceeded):
+        _run(tmp_path, "federation.min_participants=2 federation.round_retries=1", {"raise": {"1": "*"}})
+    run_dir = tmp_path / "run"
+    attempts = _lines(run_dir, "attempts.jsonl")
+    assert [a["round"] for a in attempts] == [0, 0]  # 1 + round_retries attempts, then it propagates
+    assert all(len(a["failures"]) == 1 for a in attempts)
+    assert _lines(run_dir) == []
+
+
+def test_slow_node_is_dropped_without_hanging(tmp_path):
+    start = time.monotonic()
+    run_dir = _run(tmp_path, "federation.min_participants=1 federation.round_timeout_s=1.0",
+                   {"sleep": {"1": {"0": 2.5}}})
+    elapsed = time.monotonic() - start
+    rounds = _lines(run_dir)
+    assert [r["round"] for r in rounds] == [0, 1]
+    assert rounds[0]["participants"] == ["silo-0"]
+    assert list(rounds[0]["failures"].values()) == ["no reply within 1 s"]
+    assert elapsed < 15, elapsed  # two round timeouts plus start-up, never the sleeper's backlog
+
+
+def test_too_few_nodes_online_fails_after_the_deadline(tmp_path):
+    run_dir, rc = _prepare(tmp_path, "federation.round_timeout_s=1.0 federation.round_retries=0")
+    client = make_client_app(rc)
+    grid = LocalGrid(client, 2, run_config=rc)
+    grid.offline.add(list(grid.get_node_ids())[1])
+    start = time.monotonic()
+    with pytest.raises(FaultToleranceExceeded, match="online"):
+        run_inprocess(make_server_app(rc), client, 2, grid=grid)
+    assert time.monotonic() - start < 10
+
+
+def test_records_round_trip():
+    arrays = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "q": np.array([-3, 4], np.int8)}
+    rec = arrays_to_record(arrays)
+    assert list(rec.keys()) == ["q", "w"]
+    back = record_to_arrays(rec)
+    for k in arrays:
+        np.testing.assert_array_equal(back[k], arrays[k])
+        assert back[k].dtype == arrays[k].dtype
+    assert record_nbytes(rec) == sum(len(a.data) for a in rec.values())
+    cfg = {"round-index": np.int64(2), "lr": 0.5, "name": "x", "flag": True}
+    assert record_to_config(config_to_record(cfg)) == {"round-index": 2, "lr": 0.5, "name": "x", "flag": True}
+    m = metrics_to_record({"a": True, "b": np.float32(1.5), "c": 3, "s": "dropped"})
+    assert isinstance(m, MetricRecord) and dict(m) == {"a": 1, "b": 1.5, "c": 3}
+
+
+def test_run_config_defaults_match_pyproject():
+    toml = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    app = toml["tool"]["flwr"]["app"]
+    assert app["config"] == RUN_CONFIG_DEFAULTS
+    assert app["components"] == {"serverapp": "lensemble.federation.flower.server_app:app",
+                                 "clientapp": "lensemble.federation.flower.client_app:app"}
+    load_roles(ROLES)
+
+
+@pytest.mark.slow
+def test_ray_simulation_smoke(tmp_path, monkeypatch):
+    """The same apps on Flower's Ray engine: 1 round, 2 virtual clients of one CPU each."""
+    from lensemble.config import load_config
+    from lensemble.federation.simulation import launch_simulation
+
+    # flwr's Ray backend exports the driver's sys.path as PYTHONPATH (so workers find fake_roles);
+    # monkeypatch puts the variable back afterwards.
+    monkeypatch.setenv("PYTHONPATH", str(Path(fake_roles.__file__).parent))
+    cfg = load_config(["experiment=micro", "federation.rounds=1"])
+    summary = launch_simulation(cfg, tmp_path / "run", engine="ray", progress=True, roles=ROLES)
+    assert summary["rounds"] == 1
+    (r,) = _lines(tmp_path / "run")
+    assert r["participants"] == ["silo-0", "silo-1"] and r["failures"] == {}
+
+
+def test_launch_simulation_inprocess(tmp_path):
+    from lensemble.config import load_config
+    from lensemble.federation.simulation import launch_simulation
+
+    cfg = load_config(["experiment=micro"])
+    summary = launch_simulation(cfg, tmp_path / "run", engine="inprocess", progress=False, roles=ROLES)
+    assert summary["rounds"] == cfg.federation.rounds
+    assert len(_lines(tmp_path / "run")) == cfg.federation.rounds
+
+
+def test_real_roles_match_the_framework_free_engine(tmp_path):
+    """Real Coordinator and participants through the Flower apps (protobuf copies, threads) give
+    bitwise the checkpoint chain of the framework-free in-process engine."""
+    from lensemble.config import load_config
+    from lensemble.federation.inprocess import run_inprocess as run_reference
+    from lensemble.federation.simulation import launch_simulation
+
+    cfg = load_config(["experiment=micro"])
+    flower = launch_simulation(cfg, tmp_path / "flower", engine="inprocess", progress=False)
+    reference = run_reference(cfg, tmp_path / "reference", progress=False)
+    assert flower["rounds_completed"] == reference["rounds_completed"] == cfg.federation.rounds
+    assert flower["final_hash"] == reference["final_hash"]
+    last = flower["rounds"][-1]
+    assert last["fed/participants"] == 2 and last["dropped"] == {}
+    assert last["fed/comm_bytes"] > 0

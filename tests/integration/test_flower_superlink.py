@@ -1,0 +1,123 @@
+"""The Flower apps on real Flower processes on 127.0.0.1, and the FAB they ship in.
+
+- the FAB: under 10 MB, holds lensemble/ and configs/*.yaml, nothing else from the checkout;
+- one SuperLink + two SuperNodes (insecure loopback) running two rounds via
+  ``flwr run . <federation> --stream`` with the fake roles (slow);
+- TLS + node authentication: a registered EC key gets in, an unregistered one is refused (slow).
+
+The fake roles module reaches the ServerApp / ClientApp processes through PYTHONPATH (tests are not
+part of the FAB). Every process started here is stopped by PID in a finally block.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from lensemble.federation.flower import superlink as sl
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_ROLES_PATH = {"PYTHONPATH": str(Path(__file__).resolve().parent)}
+FAB_MAX_BYTES = 10 * 1024 * 1024
+
+
+def test_fab_is_small_and_carries_the_configs(tmp_path):
+    app = sl.stage_app(ROOT, tmp_path / "lensemble")
+    for junk in ("tests/test_x.py", "tests/helper.py", "docs/x.md", "benchmarks/b.py", "examples/e.py",
+                 "runs/r/metrics.jsonl", "data/shards.json"):
+        (app / junk).parent.mkdir(parents=True, exist_ok=True)
+        (app / junk).write_text("{}\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    res = sl.flwr_cli(["build", "--app", str(app)], home=tmp_path / "home", cwd=out)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (fab,) = out.glob("*.fab")
+    assert fab.stat().st_size < FAB_MAX_BYTES
+    names = zipfile.ZipFile(fab).namelist()
+    assert "configs/config.yaml" in names and "configs/experiment/micro.yaml" in names
+    assert "lensemble/federation/flower/server_app.py" in names
+    assert "lensemble/config/loader.py" in names
+    tops = {n.split("/")[0] for n in names}
+    assert tops == {"pyproject.toml", "lensemble", "configs", ".info"}, tops
+
+
+@pytest.mark.slow
+def test_superlink_two_supernodes_two_rounds(tmp_path):
+    app = sl.stage_app(ROOT, tmp_path / "lensemble")  # same FAB as the checkout, without its .venv
+    run_dir = tmp_path / "run"
+    procs: list[sl.FlowerProcess] = []
+    try:
+        link = sl.start_superlink(tmp_path, env_extra=FAKE_ROLES_PATH)
+        procs.append(link)
+        address = f"{sl.LOOPBACK}:{link.port}"
+        for i in range(2):
+            procs.append(sl.start_supernode(tmp_path, f"site{i}", superlink=address,
+                                            node_config={"partition-id": i, "num-partitions": 2,
+                                                         "state-dir": str(tmp_path / f"state{i}")},
+                                            env_extra=FAKE_ROLES_PATH, ready_timeout_s=None))
+        for node in procs[1:]:
+            sl.wait_for_port(node, sl.LOOPBACK, node.port, 60)
+        cli_home = tmp_path / "cli-home"
+        sl.write_cli_config(cli_home, {"loopback": {"address": address, "insecure": True}})
+        run_config = (f"overrides='experiment=micro federation.rounds=2 federation.round_timeout_s=120' "
+                      f"run-dir='{run_dir}' roles='fake_roles'")
+        res = sl.flwr_cli(["run", ".", "loopback", "--stream", "--run-config", run_config],
+                          home=cli_home, cwd=app, timeout_s=300)
+        out = res.stdout + res.stderr
+        assert res.returncode == 0, out
+        assert "[lensemble] round 2/2: 2/2 replies" in out, out
+        rounds = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
+        assert [r["round"] for r in rounds] == [0, 1]
+        assert all(r["participants"] == ["silo-0", "silo-1"] and not r["failures"] for r in rounds)
+        assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
+        assert (tmp_path / "state1" / "silo-1" / "rounds_seen.txt").read_text() == "2"
+    finally:
+        sl.stop_all(reversed(procs))
+    assert not any(p.alive() for p in procs)
+
+
+@pytest.mark.slow
+def test_unregistered_supernode_is_refused(tmp_path):
+    tls = sl.make_tls_files(tmp_path / "certs")
+    good_key, good_pub = sl.make_node_key(tmp_path / "keys", "site0")
+    bad_key, _ = sl.make_node_key(tmp_path / "keys", "intruder")
+    procs: list[sl.FlowerProcess] = []
+    try:
+        link = sl.start_superlink(tmp_path, tls=tls, enable_supernode_auth=True)
+        procs.append(link)
+        address = f"{sl.LOOPBACK}:{link.port}"
+        cli_home = tmp_path / "cli-home"
+        sl.write_cli_config(cli_home, {"secure": {"address": address, "root-certificates": str(tls.ca_cert)}})
+        reg = sl.flwr_cli(["supernode", "register", str(good_pub), "secure"], home=cli_home)
+        assert reg.returncode == 0 and "registered" in reg.stdout, reg.stdout + reg.stderr
+
+        common = dict(superlink=address, root_certificates=tls.ca_cert, ready_timeout_s=None)
+        good = sl.start_supernode(tmp_path, "site0", node_config={"partition-id": 0},
+                                  auth_private_key=good_key, **common)
+        procs.append(good)
+        bad = sl.start_supernode(tmp_path, "intruder", node_config={"partition-id": 1},
+                                 auth_private_key=bad_key, **common)
+        procs.append(bad)
+
+        code = bad.wait_exit(90)
+        assert code not in (None, 0), bad.log_text()
+        assert "Failed to activate SuperNode" in bad.log_text() or "305" in bad.log_text()
+
+        deadline = time.monotonic() + 60
+        online = []
+        while time.monotonic() < deadline:
+            res = sl.flwr_cli(["supernode", "list", "secure", "--format", "json"], home=cli_home)
+            if res.returncode == 0:
+                online = [n for n in json.loads(res.stdout)["nodes"] if n["status"] == "online"]
+                if online:
+                    break
+            time.sleep(1)
+        assert len(online) == 1, res.stdout + res.stderr
+        assert good.alive(), good.log_text()
+    finally:
+        sl.stop_all(reversed(procs))
+    assert not any(p.alive() for p in procs)
