@@ -21,7 +21,8 @@ def run_inprocess(cfg: LensembleConfig, run_dir: str | Path, *, progress: bool =
                   fail: dict[tuple[int, int], str] | None = None) -> dict:
     """Run (or resume) all rounds in this process; return the coordinator's summary.
 
-    ``fail`` injects faults for tests: {(round, partition): "crash"} makes that participant raise.
+    ``fail`` injects faults for tests: {(round, partition): "crash"} makes that participant raise,
+    {(round, partition): "timeout"} makes it miss the round's deadline (its reply is dropped).
     """
     run_dir = Path(run_dir)
     coord = Coordinator(cfg, run_dir, progress=progress)
@@ -39,10 +40,13 @@ def run_inprocess(cfg: LensembleConfig, run_dir: str | Path, *, progress: bool =
                 replies, failures = {}, {}
                 for node in nodes:
                     try:
-                        if fail and fail.get((t, node.partition_id)) == "crash":
+                        fault = (fail or {}).get((t, node.partition_id))
+                        if fault == "crash":
                             raise RoundError(f"injected crash of {node.participant_id}")
-                        replies[node.participant_id] = participant_round(cfg, node, coord.global_arrays(), rcfg,
-                                                                         coord.extras)
+                        reply = participant_round(cfg, node, coord.global_arrays(), rcfg, coord.extras)
+                        if fault == "timeout":
+                            raise TimeoutError(f"{node.participant_id} missed the round deadline")
+                        replies[node.participant_id] = reply
                     except Exception as exc:  # a crashed participant costs the round its update...
                         if isinstance(exc, LensembleError) and exc.fail_closed:
                             raise  # ...but a broken invariant (residency, privacy) stops the run

@@ -341,9 +341,15 @@ class Coordinator:
 
         model = world_model_from_state(architecture(self.cfg.model), self.outer.params)
         metrics: dict = {}
+        consensus = None
         if self.cfg.gauge.distill:
-            consensus, _ = aligned_consensus({p: torch.from_numpy(replies[p].probe_embeddings) for p in accepted},
-                                             self.reference_probe, singular_floor=self.cfg.gauge.singular_floor)
+            try:
+                consensus, _ = aligned_consensus(
+                    {p: torch.from_numpy(replies[p].probe_embeddings) for p in accepted},
+                    self.reference_probe, singular_floor=self.cfg.gauge.singular_floor)
+            except DegenerateProcrustes:
+                metrics["gauge/distill_skipped"] = 1  # no identifiable consensus frame this round
+        if consensus is not None:
             res = distill_encoder(model.encoder, self.probe, consensus.float(), steps=self.cfg.gauge.distill_steps,
                                   lr=self.cfg.gauge.distill_lr, seed=derive(self.cfg.root_seed, "distill", t))
             model.encoder.load_state_dict(res.state_dict)
