@@ -272,8 +272,9 @@ def frame_drift(
             error), e.g. collapsed latents or fewer probe frames than latent dimensions.
         GaugeError / ConfigError: malformed embeddings / arguments.
 
-    Cost: one (d x n)(n x d) GEMM, one d x d SVD and one d x d symmetric eigen-solve per pair,
-    all batched (the only Python loops run over participants and chunks, never over pairs).
+    Cost: one (d x n)(n x d) GEMM, one d x d SVD and one or two d x d singular-value solves per
+    pair, all batched (the only Python loops run over participants and chunks, never over
+    pairs). Computed on CPU in float64 whatever the input device.
     """
     if expected_probe_hash is not None and probe_hash != expected_probe_hash:
         raise ProbeError(
@@ -295,9 +296,10 @@ def frame_drift(
             raise GaugeError(f"embedding id {key!r} contains the reserved pair separator {PAIR_SEP!r}")
 
     keys = sorted(embeddings)
-    first = embeddings[keys[0]]
-    device = first.device if isinstance(first, torch.Tensor) else torch.device("cpu")
-    mats = {k: as_float64_matrix(embeddings[k], f"embeddings[{k!r}]").to(device) for k in keys}
+    # Always on CPU: float64 decompositions of many small d x d matrices are latency-bound on a
+    # GPU (an H200 was 1.8x slower than one CPU core at d = 192), and computing in one place
+    # makes the report's bits independent of where the embeddings were produced.
+    mats = {k: as_float64_matrix(embeddings[k], f"embeddings[{k!r}]").cpu() for k in keys}
     shape = mats[keys[0]].shape
     for k in keys:
         if mats[k].shape != shape:
