@@ -110,6 +110,25 @@ def run(engine: str = typer.Option("inprocess", help="inprocess | ray (Flower si
     console.print({k: last[k] for k in keys if k in last})
 
 
+@app.command("evaluate")
+def evaluate_cmd(checkpoint: str = typer.Argument(..., help="checkpoint folder"),
+                 env: str = typer.Option("swm/TwoRoom-v1", help="environment id"),
+                 episodes: int = typer.Option(None, help="episodes (default: eval.episodes)"),
+                 split: str = typer.Option("heldout", help="heldout | factor (transfer values)"),
+                 policy: str = typer.Option("mpc", help="mpc | random (control)"),
+                 ladder: bool = typer.Option(True, help="also run the evaluation ladder"),
+                 out: str = typer.Option(None, help="write the EvalReport JSON here"),
+                 overrides: list[str] = OVERRIDES):
+    """Closed-loop latent-MPC success and the evaluation ladder for one checkpoint."""
+    from lensemble.eval.harness import cli_evaluate
+
+    try:
+        report = cli_evaluate(checkpoint, env, episodes, split, policy, out, list(overrides or []), ladder=ladder)
+    except LensembleError as exc:
+        _fail(exc)
+    print(report.to_json() if hasattr(report, "to_json") else report.model_dump_json(indent=1))
+
+
 @app.command("drift")
 def drift(checkpoints: list[str] = typer.Argument(..., help="checkpoint folders (one per participant)"),
           probe: str = typer.Option(..., help="the public probe file (.npz)"),

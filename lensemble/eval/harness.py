@@ -1,0 +1,596 @@
+"""``evaluate``: score a checkpoint by closed-loop latent MPC in the real environment, plus the ladder.
+
+The protocol (DESIGN.md §7; defaults in ``configs/eval/``) for episode i of N:
+
+1. Reset the env with seed ``derive(eval.seed, "eval", i)`` and the episode's factor values.
+2. Pose the goal: run the noise-free goal expert (:func:`lensemble.eval.policies.goal_expert`) for
+   ``goal_offset`` env steps; the state it reaches is the goal. Make it the env's goal (so the
+   env's own success test and its goal image refer to it), then put the agent back at the start.
+3. Control for at most ``budget`` env steps. MPC: encode the current frame (with the last W latents
+   and the action blocks between them when the predictor attends to a history) and the goal image,
+   plan ``horizon`` latent steps with :class:`~lensemble.eval.mpc.Planner`, execute the first
+   ``receding_horizon`` of them (each = ``action_block`` env steps of the planned block, clipped to
+   the env's bounds), re-encode, re-plan. ``policy="random"`` instead takes uniform random actions:
+   the control any planner must beat.
+4. The episode succeeds when the environment itself reports success (its ``terminated`` flag after
+   a step). Nothing the model computes ever decides success.
+
+Several episodes run side by side in one process (``parallel``): their planning calls are batched
+into one :meth:`Planner.plan` call, i.e. one predictor rollout of B·S sequences per CEM iteration.
+Envs step in lock-step, an episode leaves the batch when it succeeds.
+
+``time_per_action_ms`` is wall time of the control loop (encoding, planning, env steps; goal
+posing excluded) divided by the env actions executed, so with B episodes in parallel it is the
+per-action cost amortised over the batch — the throughput a user of ``evaluate`` gets.
+``planning_samples`` is num_samples × iterations (candidate sequences the model scores per plan).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from pydantic import ValidationError
+
+from lensemble.config.schema import EvalConfig, LensembleConfig
+from lensemble.config.seeds import derive, numpy_rng
+from lensemble.errors import ConfigError, EvaluationError
+from lensemble.eval.mpc import Planner
+from lensemble.eval.reports import EvalReport
+
+SPLITS = ("heldout", "factor")
+POLICIES = ("mpc", "random")
+#: Version tag of the goal-posing protocol, part of the goal-spec hash.
+GOAL_PROTOCOL = "lensemble.goal.v1:expert-offset"
+
+#: ``plan_fn(z_hist (B, T0, d), past_actions (B, T0-1, A·b) | None, z_goal (B, d), init | None)
+#: -> (actions (B, H, A·b), next_init | None)``. ``init`` is what the previous call returned as
+#: ``next_init`` for these rows (warm start), already shifted past the executed steps.
+PlanFn = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, "torch.Tensor | None"],
+                  tuple[torch.Tensor, "torch.Tensor | None"]]
+
+
+# ================================================================================== results
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """One evaluation task: the env seed and factor values of episode ``index``."""
+
+    index: int
+    seed: int
+    factors: dict
+
+
+@dataclass
+class EpisodeOutcome:
+    """What happened in one episode (distances in env state units, e.g. 224-px pixels for TwoRoom)."""
+
+    index: int
+    success: bool
+    steps: int                 # env actions executed
+    start_distance: float      # ground-truth distance to the goal at the start
+    final_distance: float      # ... when the episode ended
+    plan_calls: int
+
+
+@dataclass
+class ClosedLoopResult:
+    """All episodes of one closed-loop run, with the wall time of the control loops."""
+
+    episodes: list[EpisodeOutcome] = field(default_factory=list)
+    seconds: float = 0.0       # control loops only (goal posing excluded)
+    plan_seconds: float = 0.0  # of which inside plan_fn
+
+    @property
+    def n_successes(self) -> int:
+        return sum(e.success for e in self.episodes)
+
+    @property
+    def actions(self) -> int:
+        return sum(e.steps for e in self.episodes)
+
+    @property
+    def time_per_action_ms(self) -> float:
+        return 1000.0 * self.seconds / max(self.actions, 1)
+
+    @property
+    def success_rate(self) -> float:
+        return self.n_successes / max(len(self.episodes), 1)
+
+
+# ================================================================================== validation
+def validate_request(env_id: str, cfg: LensembleConfig, *, split: str = "heldout", policy: str = "mpc",
+                     episodes: int | None = None) -> EvalConfig:
+    """Check everything cheap before anything heavy runs; returns the re-validated eval config.
+
+    Unknown env id, split or policy -> EvaluationError; an invalid planner/eval config (also one
+    built with ``model_construct``/``model_copy``, which skip pydantic validation) -> ConfigError.
+    """
+    from lensemble.envs.factors import supported_envs
+
+    if env_id not in supported_envs():
+        raise EvaluationError(f"unknown environment {env_id!r}",
+                              remediation=f"evaluate on one of {supported_envs()} (--env)")
+    if split not in SPLITS:
+        raise EvaluationError(f"unknown split {split!r}", remediation=f"use one of {SPLITS} (--split)")
+    if policy not in POLICIES:
+        raise EvaluationError(f"unknown policy {policy!r}", remediation=f"use one of {POLICIES} (--policy)")
+    if episodes is not None and (isinstance(episodes, bool) or int(episodes) != episodes or episodes < 1):
+        raise ConfigError(f"episodes must be a positive integer, got {episodes!r}",
+                          remediation="pass --episodes N with N >= 1")
+    try:
+        eval_cfg = EvalConfig.model_validate(cfg.eval.model_dump())
+    except ValidationError as exc:
+        problems = "; ".join(f"eval.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid eval config: {problems}", remediation="fix the eval.* settings") from None
+    # The Planner checks its own arguments (families, topk, bounds ...): build a throw-away one.
+    Planner.from_config(eval_cfg, action_dim=cfg.model.action_dim * cfg.model.action_block,
+                        action_low=-1.0, action_high=1.0)
+    return eval_cfg
+
+
+# ================================================================================== factors
+def _factor_label(key: str, value) -> str:
+    return f"{key}={json.dumps(value, separators=(',', ':'))}"
+
+
+def eval_factor_values(cfg: LensembleConfig, env_id: str, split: str) -> tuple[list[dict], tuple[str, ...]]:
+    """The factor dicts evaluation episodes cycle through, and the held-out values as labels.
+
+    - ``eval.heldout_factors`` non-empty: each entry is ``"key=<json value>"`` (that value) or a
+      bare ``"key"`` (that factor's catalog transfer values). Episode i takes, for each key, the
+      key's ``i mod n``-th value. These values are reported as held out.
+    - else ``split="factor"``: the partition factor's transfer values (the collection's "factor"
+      split: values no silo saw), reported as held out.
+    - else ``split="heldout"``: the partition factor's values the silos saw (in distribution;
+      the episodes themselves are new), nothing held out.
+    """
+    from lensemble.envs.factors import factor_spec
+
+    if cfg.eval.heldout_factors:
+        per_key: dict[str, list] = {}
+        for entry in cfg.eval.heldout_factors:
+            key, sep, raw = entry.partition("=")
+            key = key.strip()
+            if sep:
+                try:
+                    per_key.setdefault(key, []).append(json.loads(raw))
+                except json.JSONDecodeError:
+                    raise ConfigError(f"eval.heldout_factors entry {entry!r}: value is not JSON",
+                                      remediation='write e.g. agent.color=[255,0,0] or a bare key') from None
+            else:
+                spec = factor_spec(env_id, key)
+                per_key.setdefault(key, []).extend(spec.values_at(spec.transfer))
+        n = max(len(v) for v in per_key.values())
+        values = [{k: v[i % len(v)] for k, v in per_key.items()} for i in range(n)]
+        labels = tuple(_factor_label(k, x) for k, v in per_key.items() for x in v)
+        return values, labels
+    key = cfg.data.partition_factor
+    if split == "factor":
+        spec = factor_spec(env_id, key)
+        vals = spec.values_at(spec.transfer)
+        return [{key: v} for v in vals], tuple(_factor_label(key, v) for v in vals)
+    from lensemble.data.partition import partition_silos
+
+    d = cfg.data
+    plan = partition_silos(env_id, key, d.num_silos, d.episodes_per_silo, d.severity, cfg.root_seed,
+                           d.heldout_episodes)
+    seen = sorted(set().union(*(plan.seen_by(c) for c in range(plan.num_silos))))
+    return [plan.factors(i) for i in seen], ()
+
+
+def episode_specs(eval_seed: int, n: int, factor_values: Sequence[dict]) -> list[EpisodeSpec]:
+    """Episode i: seed ``derive(eval_seed, "eval", i)``, factors ``factor_values[i mod len]``."""
+    values = list(factor_values) or [{}]
+    return [EpisodeSpec(i, derive(eval_seed, "eval", i), dict(values[i % len(values)])) for i in range(n)]
+
+
+def goal_spec_hash(env_id: str, goal_offset: int, budget: int, specs: Sequence[EpisodeSpec]) -> str:
+    """SHA-256 of the goal-spec parameters: protocol tag, env, offset, budget, seeds, factors."""
+    blob = {"protocol": GOAL_PROTOCOL, "env": env_id, "goal_offset": int(goal_offset), "budget": int(budget),
+            "seeds": [s.seed for s in specs], "factors": [s.factors for s in specs]}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+# ================================================================================== episodes
+def pose_goal(env, spec: EpisodeSpec, goal_offset: int, eval_seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Reset ``env`` for ``spec``, make the state ``goal_offset`` expert steps ahead its goal,
+    return to the start. Returns (start frame, goal image), each (H, W, 3) uint8."""
+    from lensemble.eval.policies import goal_expert
+
+    env.reset(spec.seed, spec.factors)
+    start = env.state()
+    expert = goal_expert(env, numpy_rng(eval_seed, "eval", spec.index, "goal"))
+    expert.reset(env)
+    for _ in range(goal_offset):
+        env.step(expert(env))
+    env.set_goal_state(env.state())
+    env.set_state(start)
+    return env.render(), env.goal_image()
+
+
+def _to_chw(frames: Sequence[np.ndarray]) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(np.stack(frames))).permute(0, 3, 1, 2)
+
+
+def planner_plan_fn(model, planner: Planner, receding_horizon: int) -> PlanFn:
+    """Wrap :class:`Planner` as a :data:`PlanFn` over ``model.predictor.rollout``.
+
+    The planner calls the rollout once per iteration on every candidate of every environment
+    (B·S rows); the past actions of the history are repeated S times to line up with its rows.
+    The warm start for the next call is the plan shifted by the ``receding_horizon`` latent steps
+    that will have been executed by then.
+    """
+    pred = model.predictor
+    s = planner.num_samples
+
+    def plan(z_hist, past, z_goal, init):
+        past_rep = past.repeat_interleave(s, dim=0) if past is not None else None
+
+        def rollout_fn(z_rep, actions):
+            return pred.rollout(z_rep, actions, past_actions=past_rep)
+
+        result = planner.plan(rollout_fn, z_hist, z_goal, init_mean=init)
+        return result.actions, planner.next_init(result, receding_horizon)
+
+    return plan
+
+
+def run_closed_loop(
+    model,
+    envs: Sequence,
+    specs: Sequence[EpisodeSpec],
+    eval_cfg: EvalConfig,
+    *,
+    plan_fn: PlanFn | None,
+    eval_seed: int = 0,
+    advance: Callable[[int], None] | None = None,
+) -> ClosedLoopResult:
+    """Run ``specs`` in chunks of ``len(envs)`` episodes side by side.
+
+    ``plan_fn=None`` runs the random-action control instead of MPC (``model`` may then be None).
+    Goals are posed with :func:`pose_goal`; only the control loops are timed.
+    """
+    from lensemble.eval.policies import RandomActionPolicy
+
+    out = ClosedLoopResult()
+    for lo in range(0, len(specs), len(envs)):
+        chunk = list(specs[lo : lo + len(envs)])
+        pool = list(envs[: len(chunk)])
+        starts, goals = [], []
+        for env, spec in zip(pool, chunk, strict=True):
+            f0, g = pose_goal(env, spec, eval_cfg.goal_offset, eval_seed)
+            starts.append(f0)
+            goals.append(g)
+        if plan_fn is None:
+            policies = [RandomActionPolicy(numpy_rng(eval_seed, "eval", s.index, "random")) for s in chunk]
+            res = _random_chunk(pool, chunk, policies, eval_cfg.budget)
+        else:
+            res = _mpc_chunk(model, pool, chunk, starts, goals, eval_cfg, plan_fn)
+        out.episodes.extend(res.episodes)
+        out.seconds += res.seconds
+        out.plan_seconds += res.plan_seconds
+        if advance is not None:
+            advance(len(chunk))
+    return out
+
+
+def _random_chunk(envs, specs, policies, budget: int) -> ClosedLoopResult:
+    res = ClosedLoopResult()
+    for env, spec, policy in zip(envs, specs, policies, strict=True):
+        d0 = env.distance_to_goal()
+        t0 = time.perf_counter()
+        success, steps = False, 0
+        while steps < budget and not success:
+            _, _, success = env.step(policy(env))
+            steps += 1
+        res.seconds += time.perf_counter() - t0
+        res.episodes.append(EpisodeOutcome(spec.index, success, steps, d0, env.distance_to_goal(), 0))
+    return res
+
+
+def _mpc_chunk(model, envs, specs, starts, goals, eval_cfg: EvalConfig, plan_fn: PlanFn) -> ClosedLoopResult:
+    """B episodes in lock-step: one batched plan call for the active ones, then
+    ``receding_horizon`` latent steps of ``action_block`` env steps each."""
+    b = len(envs)
+    block = model.cfg.action_block
+    a_dim = envs[0].info.action_dim
+    w = model.predictor.history
+    low = np.asarray(envs[0].info.action_low, np.float32)
+    high = np.asarray(envs[0].info.action_high, np.float32)
+    d0 = [env.distance_to_goal() for env in envs]
+
+    t_start = time.perf_counter()
+    with torch.inference_mode():
+        z_goal = model.encoder(_to_chw(goals)).float().clone()
+        z_hist = model.encoder(_to_chw(starts)).float().clone()[:, None]  # (B, T0=1, d)
+    past = torch.zeros(b, 0, a_dim * block)                                # (B, T0-1, A·b)
+    frames = list(starts)
+    active = np.ones(b, dtype=bool)
+    success = np.zeros(b, dtype=bool)
+    steps = np.zeros(b, dtype=int)       # env actions executed per episode
+    calls = np.zeros(b, dtype=int)
+    elapsed = 0                          # env steps since the start, same for every active episode
+    init: torch.Tensor | None = None     # (B, H, A·b) warm start for every row
+    plan_seconds = 0.0
+    while active.any() and elapsed < eval_cfg.budget:
+        rows = np.flatnonzero(active)
+        idx = torch.from_numpy(rows)
+        hist = z_hist[idx]
+        prev = past[idx] if hist.shape[1] > 1 else None
+        tp = time.perf_counter()
+        actions, nxt = plan_fn(hist, prev, z_goal[idx], init[idx] if init is not None else None)
+        plan_seconds += time.perf_counter() - tp
+        calls[rows] += 1
+        if nxt is not None:
+            if init is None:
+                init = torch.zeros(b, *nxt.shape[1:])
+            init[idx] = nxt.detach().float().cpu()
+        # (B_active, H, b, A): latent step r of row k is the b env actions plan[k, r].
+        plan = np.clip(actions.detach().float().cpu().numpy().reshape(len(rows), -1, block, a_dim), low, high)
+        for r in range(min(eval_cfg.receding_horizon, plan.shape[1])):
+            for j in range(block):
+                if elapsed >= eval_cfg.budget:
+                    break
+                for k, row in enumerate(rows):
+                    if active[row]:
+                        frames[row], _, done = envs[row].step(plan[k, r, j])
+                        steps[row] += 1
+                        if done:  # the env's own success test, nothing else
+                            success[row] = True
+                            active[row] = False
+                elapsed += 1
+            if not active.any() or elapsed >= eval_cfg.budget:
+                break
+            # Close the latent step: encode the new frames, slide the history window (W latents,
+            # W-1 action blocks between them). Finished rows keep stale values; they never plan again.
+            with torch.inference_mode():
+                z_new = model.encoder(_to_chw([frames[row] for row in rows])).float().clone()
+            z_next = z_hist[:, -1].clone()
+            z_next[idx] = z_new
+            blk = torch.zeros(b, block * a_dim)
+            blk[idx] = torch.from_numpy(plan[:, r].reshape(len(rows), -1))
+            z_hist = torch.cat([z_hist, z_next[:, None]], dim=1)[:, -w:]
+            past = torch.cat([past, blk[:, None]], dim=1)
+            past = past[:, past.shape[1] - (z_hist.shape[1] - 1):]
+    res = ClosedLoopResult(seconds=time.perf_counter() - t_start, plan_seconds=plan_seconds)
+    for k, (env, spec) in enumerate(zip(envs, specs, strict=True)):
+        res.episodes.append(EpisodeOutcome(spec.index, bool(success[k]), int(steps[k]), d0[k],
+                                           env.distance_to_goal(), int(calls[k])))
+    return res
+
+
+# ================================================================================== evaluate
+def evaluate(
+    checkpoint: str | Path,
+    env_id: str,
+    *,
+    cfg: LensembleConfig,
+    episodes: int | None = None,
+    split: str = "heldout",
+    progress: bool = True,
+    policy: str = "mpc",
+    ladder: bool = True,
+    transfer: bool = False,
+    parallel: int = 8,
+    ladder_settings=None,
+) -> EvalReport:
+    """Score ``checkpoint`` on ``env_id`` (see the module docstring for the protocol).
+
+    Args:
+        checkpoint: a checkpoint folder (verified by hash; any tampering raises
+            :class:`~lensemble.errors.CheckpointIntegrityError`).
+        env_id: ``"swm/TwoRoom-v1"`` or ``"swm/PushT-v1"``; anything else -> EvaluationError
+            before any file is read or env is created.
+        cfg: the run config; ``cfg.eval`` gives the protocol, ``cfg.data`` the factor split.
+        episodes: closed-loop episodes (default ``cfg.eval.episodes``).
+        split: ``"heldout"`` (new episodes, silo factor values) or ``"factor"`` (transfer values).
+        policy: ``"mpc"`` (latent MPC with the checkpoint) or ``"random"`` (control).
+        ladder: also compute the evaluation ladder on the collection's split (collects the data
+            for ``cfg`` first if it is missing).
+        transfer: with ``split="heldout"``, also run the closed loop on the transfer values and
+            fill ``transfer_success_rate`` (with ``split="factor"`` it is the success rate).
+        parallel: episodes run side by side (batched planning).
+        ladder_settings: a :class:`~lensemble.eval.ladder.LadderSettings` (default protocol).
+
+    Returns:
+        :class:`EvalReport` (scalars only).
+    """
+    eval_cfg = validate_request(env_id, cfg, split=split, policy=policy, episodes=episodes)
+    if isinstance(parallel, bool) or int(parallel) != parallel or parallel < 1:
+        raise ConfigError(f"parallel must be a positive integer, got {parallel!r}")
+    n = int(episodes if episodes is not None else eval_cfg.episodes)
+
+    from lensemble.artifacts.checkpoint import load_checkpoint
+    from lensemble.envs.adapter import env_info, make_env
+    from lensemble.model.world_model import world_model_from_state
+
+    ckpt = load_checkpoint(checkpoint)  # verifies the content hash before anything is returned
+    model = world_model_from_state(ckpt.architecture, ckpt.tensors).eval()
+    info = env_info(env_id)
+    if model.cfg.action_dim != info.action_dim:
+        raise EvaluationError(
+            f"the checkpoint's model takes {model.cfg.action_dim}-d actions but {env_id} has {info.action_dim}",
+            remediation="evaluate on the environment the checkpoint was trained on",
+        )
+    block = model.cfg.action_block
+    planner = Planner.from_config(
+        eval_cfg, action_dim=info.action_dim * block,
+        action_low=torch.tensor(info.action_low).repeat(block),
+        action_high=torch.tensor(info.action_high).repeat(block),
+        seed=derive(eval_cfg.seed, "eval", "planner"),
+    )
+
+    values, held_out = eval_factor_values(cfg, env_id, split)
+    specs = episode_specs(eval_cfg.seed, n, values)
+    envs = [make_env(env_id, model.cfg.img_size) for _ in range(min(int(parallel), n))]
+    try:
+        plan_fn = planner_plan_fn(model, planner, eval_cfg.receding_horizon) if policy == "mpc" else None
+        from lensemble.observability.progress import progress_bar
+
+        with progress_bar(f"evaluate {policy} {split}", n, enabled=progress) as advance:
+            loop = run_closed_loop(model, envs, specs, eval_cfg, plan_fn=plan_fn, eval_seed=eval_cfg.seed,
+                                   advance=advance)
+
+        transfer_rate = None
+        if split == "factor":
+            transfer_rate = loop.success_rate
+        elif transfer:
+            t_values, _ = eval_factor_values(cfg.model_copy(update={"eval": eval_cfg.model_copy(
+                update={"heldout_factors": []})}), env_id, "factor")
+            t_specs = episode_specs(derive(eval_cfg.seed, "transfer"), n, t_values)
+            planner.reset()
+            with progress_bar(f"evaluate {policy} transfer", n, enabled=progress) as advance:
+                t_loop = run_closed_loop(model, envs, t_specs, eval_cfg, plan_fn=plan_fn,
+                                         eval_seed=derive(eval_cfg.seed, "transfer"), advance=advance)
+            transfer_rate = t_loop.success_rate
+
+        ladder_fields: dict = {}
+        if ladder:
+            ladder_fields = _ladder_fields(model, cfg, env_id, split, values, envs[0], eval_cfg.seed,
+                                           progress, ladder_settings)
+    finally:
+        for env in envs:
+            env.close()
+
+    return EvalReport(
+        success_rate=loop.success_rate,
+        n_episodes=n,
+        n_successes=loop.n_successes,
+        planning_samples=eval_cfg.num_samples * eval_cfg.iterations if policy == "mpc" else 1,
+        time_per_action_ms=loop.time_per_action_ms,
+        env_id=env_id,
+        held_out_factors=held_out,
+        goal_spec_hash=goal_spec_hash(env_id, eval_cfg.goal_offset, eval_cfg.budget, specs),
+        seed=eval_cfg.seed,
+        config_hash=cfg.config_hash(),
+        checkpoint_hash=ckpt.content_hash,
+        planner=eval_cfg.planner if policy == "mpc" else "random",
+        transfer_success_rate=transfer_rate,
+        **ladder_fields,
+    )
+
+
+def load_split(cfg: LensembleConfig, split: str, *, progress: bool = True):
+    """(evaluation EpisodeBatch, train EpisodeBatches) of ``cfg``'s collection (collected if missing).
+
+    ``split="heldout"``: every silo's held-out episodes; ``"factor"``: the transfer shard.
+    """
+    from lensemble.data.collect import load_silo
+    from lensemble.data.shards import EpisodeBatch, load_shard
+    from lensemble.training.datasets import ensure_data
+
+    folder, summary = ensure_data(cfg, progress=progress)
+    silos = [s["silo"] for s in summary["silos"]]
+    train = [load_silo(folder, c, "train", summary) for c in silos]
+    if split == "factor":
+        rec = summary.get("splits", {}).get("factor", {})
+        if not rec.get("path"):
+            raise EvaluationError("the collection has no transfer (factor) split",
+                                  remediation="set data.heldout_episodes > 0, or evaluate with ladder=False")
+        return load_shard(folder / rec["path"], expected_hash=rec["hash"]), train
+    held = [load_silo(folder, c, "heldout", summary) for c in silos if summary["silos"][c].get("heldout")]
+    if not held:
+        raise EvaluationError("the collection has no held-out episodes",
+                              remediation="set data.heldout_episodes > 0, or evaluate with ladder=False")
+    batch = EpisodeBatch(
+        obs=np.concatenate([h.obs for h in held]), actions=np.concatenate([h.actions for h in held]),
+        state=np.concatenate([h.state for h in held]), factors=[f for h in held for f in h.factors],
+        meta={**held[0].meta, "silo": None, "split": "episode"},
+    )
+    return batch, train
+
+
+def _ladder_fields(model, cfg, env_id, split, values, env, seed, progress, settings) -> dict:
+    from lensemble.eval.ladder import LadderSettings, run_ladder
+
+    # The collection must match what the checkpoint sees: its resolution and this env.
+    data_cfg = cfg.model_copy(update={"model": model.cfg, "env": cfg.env.model_copy(update={"id": env_id})})
+    eval_batch, train = load_split(data_cfg, split, progress=progress)
+    say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else None
+    result = run_ladder(model, eval_batch, train, split=split, env=env, factor_values=values,
+                        seed=derive(seed, "ladder"), settings=settings or LadderSettings(), progress=say)
+    return {
+        "one_step_error": result.one_step_error,
+        "copy_last_error": result.copy_last_error,
+        "rollout_error": result.rollout_error,
+        "rollout_composite": result.rollout_composite,
+        "intervention_error": result.intervention_error,
+        "probe_r2": result.probe_r2,
+        "effective_dim": result.effective_dim,
+        "latent_std": result.latent_std,
+    }
+
+
+# ================================================================================== CLI
+def cli_evaluate(
+    checkpoint: str,
+    env: str = "swm/TwoRoom-v1",
+    episodes: int | None = None,
+    split: str = "heldout",
+    policy: str = "mpc",
+    out: str | None = None,
+    overrides: Sequence[str] | None = None,
+    *,
+    ladder: bool = True,
+    progress: bool = True,
+) -> EvalReport:
+    """``lensemble evaluate CKPT --env ... [--episodes N] [--split ...] [--policy ...] [--out f.json]``.
+
+    Composes the config from ``overrides``, runs :func:`evaluate`, prints a short table (stderr)
+    and writes the report JSON to ``out`` when given. Returns the report. ``ladder=False`` skips
+    the ladder (and with it the data collection it may need).
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from lensemble.config import load_config
+
+    cfg = load_config(list(overrides or []))
+    report = evaluate(checkpoint, env, cfg=cfg, episodes=episodes, split=split, policy=policy, ladder=ladder,
+                      progress=progress)
+    table = Table(title=f"evaluate {Path(checkpoint).name} on {env} ({split}, {policy})")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    lo, hi = report.success_ci
+    table.add_row("success", f"{report.n_successes}/{report.n_episodes} = {report.success_rate:.1%} "
+                             f"[{lo:.1%}, {hi:.1%}]")
+    table.add_row("time per action", f"{report.time_per_action_ms:.1f} ms")
+    table.add_row("planning samples / plan", str(report.planning_samples))
+    for name in ("transfer_success_rate", "one_step_error", "copy_last_error", "rollout_composite",
+                 "intervention_error", "probe_r2", "effective_dim", "latent_std"):
+        value = getattr(report, name)
+        if value is not None:
+            table.add_row(name.replace("_", " "), f"{value:.4g}")
+    if report.rollout_error:
+        table.add_row("rollout error", ", ".join(f"h={h}: {e:.3g}" for h, e in sorted(report.rollout_error.items())))
+    Console(stderr=True).print(table)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(report.to_json() + "\n")
+    return report
+
+
+__all__ = [
+    "SPLITS",
+    "POLICIES",
+    "EpisodeSpec",
+    "EpisodeOutcome",
+    "ClosedLoopResult",
+    "validate_request",
+    "eval_factor_values",
+    "episode_specs",
+    "goal_spec_hash",
+    "pose_goal",
+    "planner_plan_fn",
+    "run_closed_loop",
+    "load_split",
+    "evaluate",
+    "cli_evaluate",
+]

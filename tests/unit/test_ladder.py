@@ -1,0 +1,130 @@
+"""Ladder metrics on synthetic data with known answers."""
+
+import numpy as np
+import pytest
+import torch
+
+from lensemble.errors import EvaluationError
+from lensemble.eval.ladder import (
+    copy_last_error,
+    intervention_error,
+    latent_sequences,
+    linear_probe_r2,
+    one_step_error,
+    rollout_composite,
+    rollout_errors,
+)
+
+
+class LinearDynamics:
+    """z_{t+1} = z_t + a_t M + bias: exact for bias 0, a known per-step drift otherwise."""
+
+    def __init__(self, m: torch.Tensor, bias: float = 0.0, history: int = 3):
+        self.m, self.bias, self.history = m, bias, history
+
+    def __call__(self, z, a):
+        return z + a @ self.m + self.bias
+
+    def rollout(self, z_hist, actions, past_actions=None):
+        z, out = z_hist[:, -1], []
+        for h in range(actions.shape[1]):
+            z = z + actions[:, h] @ self.m + self.bias
+            out.append(z)
+        return torch.stack(out, 1)
+
+
+def _episodes(e=5, steps=6, a_dim=4, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    m = torch.randn(a_dim, d, generator=g)
+    a = torch.randn(e, steps, a_dim, generator=g)
+    z0 = torch.randn(e, 1, d, generator=g)
+    z = torch.cat([z0, z0 + torch.cumsum(a @ m, dim=1)], dim=1)  # (E, L+1, d)
+    return z, a, m
+
+
+def test_perfect_predictor_scores_zero_and_copy_equals_displacement():
+    z, a, m = _episodes()
+    pred = LinearDynamics(m)
+    assert one_step_error(pred, z, a) == pytest.approx(0.0, abs=1e-10)
+    assert copy_last_error(z) == pytest.approx(float(((a @ m) ** 2).mean()), rel=1e-6)
+    errors, used = rollout_errors(pred, z, a, (1, 10, 20))
+    assert all(v == pytest.approx(0.0, abs=1e-8) for v in errors.values())
+
+
+def test_rollout_error_grows_with_a_known_drift_and_clamps_horizons():
+    z, a, m = _episodes(steps=6)
+    c = 0.1
+    errors, used = rollout_errors(LinearDynamics(m, bias=c), z, a, (1, 10, 20))
+    # 6 latent steps: 10 and 20 clamp to 6; after h steps the drift is h·c in every dimension.
+    assert used == {1: 1, 10: 6, 20: 6}
+    assert sorted(errors) == [1, 6]
+    assert errors[1] == pytest.approx(c**2, rel=1e-5)
+    assert errors[6] == pytest.approx((6 * c) ** 2, rel=1e-5)
+    assert rollout_composite(errors, used) == pytest.approx(0.1 * c**2 + 0.9 * (6 * c) ** 2, rel=1e-5)
+
+
+def test_rollout_h1_equals_one_step_for_the_real_predictor(micro_cfg):
+    from lensemble.model import build_world_model
+
+    model = build_world_model(micro_cfg.model, init_seed=1).eval()
+    g = torch.Generator().manual_seed(0)
+    d, a_in = micro_cfg.model.latent_dim, micro_cfg.model.action_dim * micro_cfg.model.action_block
+    z = torch.randn(3, 7, d, generator=g)
+    a = torch.randn(3, 6, a_in, generator=g)
+    errors, _ = rollout_errors(model.predictor, z, a, (1,))
+    # Teacher-forced windows and rollout history windows are the same computation at h = 1.
+    assert errors[1] == pytest.approx(one_step_error(model.predictor, z, a), rel=1e-5)
+
+
+def test_intervention_error_perfect_blind_and_undefined():
+    g = torch.Generator().manual_seed(0)
+    ta, tb = torch.randn(10, 8, generator=g), torch.randn(10, 8, generator=g)
+    assert intervention_error(ta, tb, ta, tb) == pytest.approx(0.0)
+    same = torch.randn(10, 8, generator=g)
+    assert intervention_error(same, same, ta, tb) == pytest.approx(1.0)  # action-blind
+    # A shared bias in both predictions cancels in the difference.
+    assert intervention_error(ta + 3.0, tb + 3.0, ta, tb) == pytest.approx(0.0, abs=1e-12)
+    assert intervention_error(ta, tb, same, same) is None
+
+
+def test_probe_r2_linear_state_is_one_and_noise_is_zero():
+    rng = np.random.default_rng(0)
+    s_tr, s_te = rng.uniform(0, 224, (2000, 2)), rng.uniform(0, 224, (1000, 2))
+    mix = rng.normal(size=(2, 16))
+    z_tr = s_tr @ mix + 0.01 * rng.normal(size=(2000, 16))
+    z_te = s_te @ mix + 0.01 * rng.normal(size=(1000, 16))
+    t = lambda x: torch.from_numpy(x)  # noqa: E731
+    r2, per_dim = linear_probe_r2(t(z_tr), t(s_tr), t(z_te), t(s_te))
+    assert r2 > 0.999 and len(per_dim) == 2
+    noise_r2, _ = linear_probe_r2(t(rng.normal(size=(2000, 16))), t(s_tr), t(rng.normal(size=(1000, 16))), t(s_te))
+    assert abs(noise_r2) < 0.05
+
+
+def test_probe_skips_constant_dimensions():
+    rng = np.random.default_rng(1)
+    s = np.stack([rng.uniform(size=300), np.full(300, 7.0)], 1)
+    z = torch.from_numpy(s[:, :1] * np.ones((1, 4)) + 0.01 * rng.normal(size=(300, 4)))
+    r2, per_dim = linear_probe_r2(z[:200], torch.from_numpy(s[:200]), z[200:], torch.from_numpy(s[200:]))
+    assert per_dim[1] is None and r2 == pytest.approx(per_dim[0]) and r2 > 0.99
+
+
+def test_latent_sequences_take_stride_b_frames_and_concatenate_actions():
+    class Mean:
+        latent_dim = 1
+
+        def __call__(self, x):  # (B, 3, H, W) uint8 -> (B, 1): the frame's constant value
+            return x.float().mean((1, 2, 3))[:, None]
+
+    obs = np.zeros((2, 11, 4, 4, 3), np.uint8) + np.arange(11, dtype=np.uint8)[None, :, None, None, None]
+    actions = np.arange(2 * 10 * 2, dtype=np.float32).reshape(2, 10, 2)
+    z, a = latent_sequences(Mean(), obs, actions, block=5)
+    assert z.shape == (2, 3, 1) and a.shape == (2, 2, 10)
+    assert z[0, :, 0].tolist() == [0.0, 5.0, 10.0]
+    assert a[1, 1].tolist() == actions[1, 5:10].reshape(-1).tolist()
+
+
+def test_bad_shapes_raise():
+    with pytest.raises(EvaluationError):
+        copy_last_error(torch.zeros(2, 1, 3))
+    with pytest.raises(EvaluationError):
+        one_step_error(lambda z, a: z, torch.zeros(2, 4, 3), torch.zeros(2, 4, 2))
