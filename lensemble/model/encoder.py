@@ -11,8 +11,9 @@ Layout (state-dict prefixes in brackets, relative to the encoder):
    applied to z, so a change of latent basis z -> z Q is absorbed by ``frame.weight -> Qᵀ W``
    alone (the gauge backstop rotates exactly this tensor).
 
-Pixel normalisation lives inside the module (non-persistent buffers, so the checkpoint holds
-parameters only): uint8 input is divided by 255, then mapped from [0, 1] to [-1, 1].
+Pixel normalisation lives inside the module as persistent per-pixel buffers (mean and std of
+public frames, see ``fit_input_normalization``), so a checkpoint carries it; uint8 input is
+divided by 255, then standardised pixel by pixel.
 """
 
 from __future__ import annotations
@@ -58,9 +59,27 @@ class Encoder(nn.Module):
         self.frame = nn.Linear(cfg.latent_dim, cfg.latent_dim, bias=False)
         with torch.no_grad():
             self.frame.weight.copy_(torch.eye(cfg.latent_dim))
-        # [0, 1] -> [-1, 1]; per-channel so a dataset-specific normalisation can be swapped in.
-        self.register_buffer("pixel_mean", torch.full((1, 3, 1, 1), 0.5), persistent=False)
-        self.register_buffer("pixel_std", torch.full((1, 3, 1, 1), 0.5), persistent=False)
+        # Per-pixel input standardisation (1, 3, img, img). It starts as [0, 1] -> [-1, 1] and is
+        # set from public frames by :meth:`fit_input_normalization`: scenes whose frames differ
+        # only in a small object are otherwise dominated by the shared background, the untrained
+        # ViT maps them to nearly one point, and SIGReg's gradient vanishes at that collapse.
+        # Persistent buffers, so the statistics travel with every checkpoint (never trained).
+        size = (1, 3, cfg.img_size, cfg.img_size)
+        self.register_buffer("pixel_mean", torch.full(size, 0.5))
+        self.register_buffer("pixel_std", torch.full(size, 0.5))
+
+    @torch.no_grad()
+    def fit_input_normalization(self, frames: torch.Tensor, *, max_frames: int = 4096,
+                                min_std: float = 0.02) -> None:
+        """Set the per-pixel mean and std from uint8 frames (N, 3, img, img), e.g. the public
+        corpus. At most ``max_frames`` evenly spaced frames are used; std is floored at
+        ``min_std`` (in [0, 1] pixel units) so constant background pixels are not blown up."""
+        if frames.ndim != 4 or tuple(frames.shape[1:]) != tuple(self.pixel_mean.shape[1:]):
+            raise ValueError(f"frames must be (N, 3, {self.img_size}, {self.img_size}), got {tuple(frames.shape)}")
+        step = max(1, frames.shape[0] // max_frames)
+        x = frames[::step].to(torch.float64) / 255.0
+        self.pixel_mean.copy_(x.mean(dim=0, keepdim=True).to(self.pixel_mean.dtype))
+        self.pixel_std.copy_(x.std(dim=0, keepdim=True).clamp_min(min_std).to(self.pixel_std.dtype))
 
     def preprocess(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 (B,3,H,W) or float in [0,1] -> normalised float32 (B,3,img,img)."""

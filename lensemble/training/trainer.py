@@ -74,6 +74,9 @@ def train_local(
         parent = ck.content_hash
     else:
         model = build_world_model(cfg.model, init_seed=derive(cfg.root_seed, "init"))
+        # A fresh model standardises its input with statistics of the data it trains on (for the
+        # warm start: public frames only); a warm-started model keeps the ones it carries.
+        model.encoder.fit_input_normalization(sampler.frames)
     if cfg.model.encoder_frozen:
         for p in model.encoder.parameters():
             p.requires_grad_(False)

@@ -67,7 +67,8 @@ def test_frame_layer_is_identity_at_init_and_contract_keys_exist():
     assert state["predictor.in_proj.weight"].shape == (32, D)
     assert state["predictor.out_proj.weight"].shape == (D, 32)
     # normalisation constants are not checkpoint state
-    assert not any("pixel_" in k for k in state)
+    # the input standardisation travels with the checkpoint, as (1, 3, img, img) buffers
+    assert state["encoder.pixel_mean"].shape == state["encoder.pixel_std"].shape
 
 
 def test_init_seed_is_reproducible_and_leaves_global_rng_alone():
@@ -122,3 +123,23 @@ def test_rotation_reparametrises_encoder_exactly():
         z_rot = m.encoder(x)
     torch.testing.assert_close(z_rot, z @ q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(m.encoder.frame.weight, q.T, rtol=1e-6, atol=1e-6)
+
+
+def test_input_normalization_fits_public_frames():
+    import torch
+
+    from lensemble.config.schema import ModelConfig
+    from lensemble.model.world_model import build_world_model
+
+    cfg = ModelConfig(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2, latent_dim=8,
+                      projector_hidden=16, predictor_width=16, predictor_depth=1, predictor_heads=2)
+    m = build_world_model(cfg, init_seed=0)
+    frames = torch.zeros(10, 3, 16, 16, dtype=torch.uint8)
+    frames[:5, :, 3, 4] = 255  # one pixel differs between frames, the rest is constant background
+    m.encoder.fit_input_normalization(frames)
+    assert torch.allclose(m.encoder.pixel_mean[0, :, 3, 4], torch.full((3,), 0.5))
+    assert float(m.encoder.pixel_std[0, 0, 0, 0]) == pytest.approx(0.02)  # floored, not 0
+    x = m.encoder.preprocess(frames)
+    assert torch.allclose(x[:, :, 0, 0], torch.zeros(10, 3))  # background standardised to 0
+    with pytest.raises(ValueError):
+        m.encoder.fit_input_normalization(torch.zeros(2, 3, 8, 8, dtype=torch.uint8))
