@@ -29,7 +29,9 @@ def _load(overrides):
 
 
 def _fail(exc: LensembleError):
-    console.print(f"[bold red]error[/] {exc}")
+    from rich.markup import escape
+
+    console.print(f"[bold red]error[/] {escape(str(exc))}")
     raise typer.Exit(code=2)
 
 
@@ -88,19 +90,14 @@ def warmstart(overrides: list[str] = OVERRIDES):
 
 
 @app.command("run")
-def run(engine: str = typer.Option("inprocess", help="inprocess | ray (Flower simulation engine)"),
+def run(engine: str = typer.Option("ray", help="ray (Flower simulation engine) | flower-inprocess | inprocess"),
         overrides: list[str] = OVERRIDES):
     """Run a federated DiLoCo training (resumes a run folder that already holds rounds)."""
+    from lensemble.federation.simulation import run_federated_simulation
+
     try:
         cfg = _load(overrides)
-        if engine == "inprocess":
-            from lensemble.federation.inprocess import run_inprocess
-
-            summary = run_inprocess(cfg, cfg.run_dir)
-        else:
-            from lensemble.federation.simulation import launch_simulation
-
-            summary = launch_simulation(cfg, cfg.run_dir, engine=engine)
+        summary = run_federated_simulation(cfg, cfg.run_dir, engine=engine)
     except LensembleError as exc:
         _fail(exc)
     last = summary["rounds"][-1] if summary.get("rounds") else {}
@@ -133,12 +130,14 @@ def evaluate_cmd(checkpoint: str = typer.Argument(..., help="checkpoint folder")
 def drift(checkpoints: list[str] = typer.Argument(..., help="checkpoint folders (one per participant)"),
           probe: str = typer.Option(..., help="the public probe file (.npz)"),
           probe_hash: str = typer.Option(None, help="expected probe hash (default: the checkpoints' own)"),
-          out: str = typer.Option(None, help="write the FrameDriftReport JSON here")):
+          out: str = typer.Option(None, help="write the FrameDriftReport JSON here"),
+          singular_floor: float = typer.Option(1e-6, help="relative singular-value floor")):
     """Frame drift between checkpoints on the pinned public probe."""
     from lensemble.gauge.checkpoints import drift_between_checkpoints
 
     try:
-        report = drift_between_checkpoints(checkpoints, probe, expected_probe_hash=probe_hash)
+        report = drift_between_checkpoints(checkpoints, probe, expected_probe_hash=probe_hash,
+                                           singular_floor=singular_floor)
     except LensembleError as exc:
         _fail(exc)
     text = report.model_dump_json(indent=1)

@@ -77,3 +77,24 @@ def launch_simulation(cfg: LensembleConfig, run_dir: str | Path, *, engine: Engi
 
 
 __all__ = ["launch_simulation", "simulation_run_config"]
+
+
+def run_federated_simulation(cfg: LensembleConfig, run_dir: str | Path | None = None, *,
+                             engine: str = "ray", progress: bool = True) -> dict:
+    """Run (or resume) a federated DiLoCo training on one machine; return the run summary.
+
+    ``engine``: "ray" (Flower's simulation engine, one CPU per virtual client), "flower-inprocess"
+    (the real Flower apps on an in-process grid, no Ray) or "inprocess" (no Flower at all). All
+    three drive the same participant and coordinator code and give the same final checkpoint hash.
+    ``run_dir`` defaults to ``cfg.run_dir``.
+    """
+    run_dir = Path(run_dir or cfg.run_dir)
+    if engine == "inprocess":
+        from lensemble.federation.inprocess import run_inprocess
+
+        return run_inprocess(cfg, run_dir, progress=progress)
+    if engine == "flower-inprocess":
+        return launch_simulation(cfg, run_dir, engine="inprocess", progress=progress)
+    if engine == "ray":
+        return launch_simulation(cfg, run_dir, engine="ray", progress=progress)
+    raise ConfigError(f"unknown engine {engine!r}", remediation="use ray, flower-inprocess or inprocess")
