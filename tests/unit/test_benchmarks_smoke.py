@@ -1,0 +1,38 @@
+"""Smoke tests: the train-step and federation benchmarks run at their smallest size and print
+their result lines. No timing is asserted (2 shared cores): only that the ratios are printed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(script: str, *args: str, timeout: int = 600) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1", FLWR_TELEMETRY_ENABLED="0")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+def test_bench_train_step_small_prints_ratio():
+    out = _run("bench_train_step.py", "--small", "--reps", "2", "--steps", "2", "--warmup", "1",
+               "--threads", "1")
+    assert re.search(r"^ratio InnerLoop/bare steps/s: \d+\.\d+ \(goal >= 0\.9\)", out, re.M), out
+    assert re.search(r"^diagnostics cost: ", out, re.M), out
+
+
+def test_bench_federation_small_prints_overhead_and_bytes(tmp_path):
+    out = _run("bench_federation.py", "--small", "--rounds", "1", "--inner-steps", "1",
+               "--workdir", str(tmp_path))
+    for engine in ("inprocess", "flower"):
+        assert re.search(rf"^overhead share {engine}: median -?\d+\.\d+% of the round", out, re.M), out
+        for codec in ("fp32", "int8"):
+            assert re.search(rf"^bytes {engine} {codec}: uplink delta rel diff [+-]\d+\.\d+%", out, re.M), out
+    # the codec's byte prediction is exact for the in-process engine (no wire framing at all)
+    assert "bytes inprocess fp32: uplink delta rel diff +0.000%" in out, out
