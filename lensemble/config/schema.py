@@ -73,7 +73,7 @@ class TrainConfig(_Section):
     grad_clip: float = Field(1.0, gt=0)
     log_every: int = Field(10, ge=1)
     checkpoint_every: int = Field(0, ge=0, description="0: only the final checkpoint")
-    threads: int = Field(2, ge=1, description="torch intra-op threads for training")
+    threads: int = Field(1, ge=1, description="torch intra-op threads for training (2 was 3-4x slower on a loaded 2-core box)")
     warmstart_steps: int = Field(300, ge=1, description="steps of the public-data warm start")
 
 
