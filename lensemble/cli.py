@@ -126,6 +126,35 @@ def evaluate_cmd(checkpoint: str = typer.Argument(..., help="checkpoint folder")
     print(report.to_json() if hasattr(report, "to_json") else report.model_dump_json(indent=1))
 
 
+@app.command("study")
+def study(name: str = typer.Option("tiny", help="study name (results under <out>/<name>)"),
+          preset: str = typer.Option(None, help="study preset in configs/study/ (default: the name)"),
+          seeds: str = typer.Option(None, help="seeds, e.g. 0-5 or 0,2"),
+          sweeps: str = typer.Option(None, help="sweeps to run, e.g. severity,participants or none"),
+          out: str = typer.Option("docs/results", help="where summaries, registry and report go"),
+          scratch: str = typer.Option(None, help="scratch folder for checkpoints (default runs/study/<name>)"),
+          jobs: int = typer.Option(1, help="runs in parallel (one torch thread each)"),
+          amend: str = typer.Option(None, help="reason for changing the registry after runs started"),
+          plan_only: bool = typer.Option(False, help="write registry and plan, print the cost estimate"),
+          report_only: bool = typer.Option(False, help="rebuild analysis and report from summaries"),
+          progress: bool = typer.Option(True, help="show progress"),
+          overrides: list[str] = OVERRIDES):
+    """The ablation ladder, baselines and sweeps with a pre-registered analysis and a report."""
+    from lensemble.eval.study import study_command
+
+    try:
+        res = study_command(list(overrides or []), name=name, preset=preset, seeds=seeds, sweeps=sweeps,
+                            out=out, scratch=scratch, progress=progress, amend=amend, plan_only=plan_only,
+                            report_only=report_only, jobs=jobs)
+    except LensembleError as exc:
+        _fail(exc)
+    console.print(f"planned {res.planned} · executed {res.executed} · skipped {res.skipped} · failed {len(res.failed)}")
+    if res.report:
+        console.print(f"report {res.report}")
+    if res.failed:
+        raise typer.Exit(code=1)
+
+
 @app.command("drift")
 def drift(checkpoints: list[str] = typer.Argument(..., help="checkpoint folders (one per participant)"),
           probe: str = typer.Option(..., help="the public probe file (.npz)"),

@@ -28,6 +28,14 @@ belong to the same angle, and θ = 2 atan2(sin(θ/2), cos(θ/2)) is accurate to 
 whole range [0, π]. When every θ_j <= 90° (small drift), 2 asin(σ(Q - I)/2) is already that
 accurate and the second decomposition is skipped. This avoids a general (complex) eigen-solver, which is several times slower,
 and avoids acos / asin of a single list, which lose half their digits near 0 or near π.
+
+``frame_drift`` (thousands of d x d problems) takes a cheaper route to the same numbers, and uses
+the path above only where the cheap one would lose accuracy (a per-item rule, see
+_fast_polar_factors and _fast_drift_magnitudes): Q from eigh(MᵀM) instead of an SVD, and the
+angles from the cosines eig((Q + Qᵀ)/2) as Σ θ_j² = ||Q - I||_F² + Σ_j [acos(c_j)² - 2(1 - c_j)],
+one symmetric eigenvalue solve instead of two singular-value solves. Items whose cross-covariance
+has sigma_min / sigma_max < 1e-4 (or < 10 x the singular floor), or whose rotation has a plane
+within ~1.4e-3 rad of π (beyond a reflection's own -1 eigenvalue), go through the SVD path.
 """
 
 from __future__ import annotations
@@ -66,6 +74,20 @@ PAIR_SEP = "|"
 # Pairs whose cross-covariances are decomposed in one batched call. Bounds the memory of the
 # gathered embeddings (chunk x n x d float64) without giving up batching.
 _CHUNK = 32
+
+# Fast path of frame_drift (see _fast_polar_factors / _fast_drift_magnitudes). Items outside it go
+# through the reference SVD path; which path an item takes depends on that item's numbers only.
+_FAST_MIN_REL_SIGMA = 1e-4
+"""Smallest sigma_min / sigma_max handled through eigh(MᵀM). Forming MᵀM squares the condition
+number κ: Q's error is ~eps·κ², mostly a loss of orthogonality (measured at d = 192 against the
+SVD: 5e-14 at κ = 1e2, 2e-12 at 1e3, 1e-10 at 1e4)."""
+_FAST_REFINE_REL_SIGMA = 1e-2
+"""Below this sigma_min / sigma_max, one Newton-Schulz step Q <- Q (3I - QᵀQ) / 2 restores
+orthogonality (the part of the error the angles are most sensitive to): at κ = 1e4 Q then agrees
+with the SVD to 3e-11 and the geodesic angle to 7e-10 degrees, instead of 1e-10 and 7e-8."""
+_FAST_PI_MARGIN = 1e-6
+"""Smallest 1 + cos θ (outside a reflection's own -1) read from cosines: acos's slope is
+1 / sin θ, so θ² keeps about 1e-11 absolute accuracy down to this margin (π - θ >= 1.4e-3)."""
 
 
 def principal_angles(q: torch.Tensor) -> torch.Tensor:
@@ -118,6 +140,90 @@ def drift_magnitudes(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
         (frobenius (...) float64, angle_deg (...) float64, reflection (...) bool).
     """
     return frobenius_drift(q), geodesic_angle_deg(q), _reflection_flags(q)
+
+
+def _fast_polar_factors(
+    cross_cov: torch.Tensor, singular_floor: float, labels: list[str]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`polar_factors` from the symmetric eigendecomposition, SVD where that is unsafe.
+
+    MᵀM = V Λ Vᵀ (one batched eigh, about half the cost of an SVD with vectors), Σ = Λ^½ and
+    Q = (M V Σ⁻¹) Vᵀ = U Vᵀ, the same factor as the SVD's. Forming MᵀM squares the condition
+    number, so items with sigma_min / sigma_max (as read from Λ) below _FAST_REFINE_REL_SIGMA get
+    one Newton-Schulz step, and items below max(_FAST_MIN_REL_SIGMA, 10 singular_floor) are
+    redone with :func:`polar_factors`. The latter include every item the singular floor rejects
+    (sigma_min² from Λ is off by at most ~eps·sigma_max², far inside the factor 10), so
+    DegenerateProcrustes is raised by the same check, on the same SVD values, for the same first
+    pair as before. Each item's path depends on that item's numbers only.
+
+    Args:
+        cross_cov: (B, d, d) float64. Returns (Q (B, d, d), sigma (B, d) descending), float64.
+    """
+    if singular_floor <= 0:  # as check_singular_floor, which the fast items never reach
+        raise GaugeError(f"singular_floor must be > 0, got {singular_floor}")
+    m = cross_cov
+    amax = m.abs().amax(dim=(-2, -1))
+    if not bool(torch.isfinite(amax).all()):  # overflowed products: whatever the SVD path does
+        return polar_factors(m, singular_floor=singular_floor, labels=labels)
+    # Exact power-of-two scaling per item: MᵀM can neither overflow nor underflow, and the
+    # scaled arithmetic is bit-for-bit the unscaled one wherever the latter is representable.
+    exponent = torch.frexp(amax).exponent.clamp(-1020, 1020)
+    inv_scale = torch.ldexp(torch.ones_like(amax), -exponent)
+    ms = m * inv_scale[:, None, None]
+    lam, v = torch.linalg.eigh(ms.mT @ ms)  # ascending
+    sig = lam.clamp_min(0.0).sqrt()
+    cutoff = max(_FAST_MIN_REL_SIGMA, 10.0 * singular_floor)
+    fast = (sig[:, -1] > 0) & (sig[:, 0] >= cutoff * sig[:, -1])
+    safe = torch.where(fast[:, None], sig, torch.ones_like(sig))
+    q = ((ms @ v) / safe[:, None, :]) @ v.mT
+    refine = fast & (sig[:, 0] < _FAST_REFINE_REL_SIGMA * sig[:, -1])
+    if bool(refine.any()):
+        mid = torch.nonzero(refine).flatten()
+        qm = q[mid]
+        q[mid] = 1.5 * qm - 0.5 * (qm @ (qm.mT @ qm))
+    sigma = sig.flip(-1) / inv_scale[:, None]
+    if not bool(fast.all()):
+        slow = torch.nonzero(~fast).flatten()
+        q_slow, sigma_slow = polar_factors(
+            m[slow], singular_floor=singular_floor, labels=[labels[int(i)] for i in slow]
+        )
+        q[slow] = q_slow
+        sigma[slow] = sigma_slow
+    return q, sigma
+
+
+def _fast_drift_magnitudes(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`drift_magnitudes` of (B, d, d) orthogonal matrices, cosines first.
+
+    The eigenvalues of (Q + Qᵀ)/2 are cos θ_j (one batched eigvalsh of a symmetric matrix, several
+    times cheaper than the two singular-value solves of :func:`principal_angles`). The sum is
+    split as Σ θ_j² = ||Q - I||_F² + Σ_j g(cos θ_j) with g(c) = acos(c)² - 2(1 - c): the first term
+    is read from Q itself (full relative accuracy for small drift, where cosines are flat), and g's
+    slope vanishes at c = 1, so an error eps in a cosine costs ~eps·θ²/3 there. Near c = -1 acos
+    loses half its digits. A reflection has an eigenvalue exactly -1 of odd multiplicity, so its
+    lowest cosine is set to -1; any other cosine within _FAST_PI_MARGIN of -1 (a plane turned by
+    nearly π) sends the item to the SVD path of :func:`drift_magnitudes`, as does a reflection
+    whose lowest cosine is not near -1 (never seen; a safety net).
+
+    Returns:
+        (frobenius (B,), angle_deg (B,), reflection (B,) bool), as :func:`drift_magnitudes`.
+    """
+    frob = frobenius_drift(q)
+    refl = _reflection_flags(q)
+    c = torch.linalg.eigvalsh((q + q.mT) * 0.5)  # ascending: θ descending
+    near = -1.0 + _FAST_PI_MARGIN
+    lowest = c[:, 0]
+    second = c[:, 1] if c.shape[-1] > 1 else torch.full_like(lowest, math.inf)
+    fast = torch.where(refl, (lowest < near) & (second >= near), lowest >= near)
+    c[:, 0] = torch.where(refl, torch.full_like(lowest, -1.0), lowest)
+    c = c.clamp(-1.0, 1.0)
+    extra = torch.acos(c).square() - 2.0 * (1.0 - c)
+    theta_sq = (frob.square() + extra.sum(dim=-1)).clamp_min(0.0)
+    angle = torch.rad2deg(torch.sqrt(0.5 * theta_sq))
+    if not bool(fast.all()):
+        slow = torch.nonzero(~fast).flatten()
+        angle[slow] = geodesic_angle_deg(q[slow])
+    return frob, angle, refl
 
 
 def pair_key(a: str, b: str) -> str:
@@ -217,23 +323,27 @@ def _select_pairs(c: int, max_pairs: int | None, seed: int) -> tuple[list[tuple[
 
 
 def _measure(
-    sources: torch.Tensor, targets: torch.Tensor, labels: list[str], singular_floor: float
+    sources: torch.Tensor,
+    targets: torch.Tensor,
+    source_sq: torch.Tensor,
+    target_sq: torch.Tensor,
+    labels: list[str],
+    singular_floor: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Batched Procrustes + drift magnitudes for B (source, target) pairs.
 
     Args:
         sources, targets: (B, n, d) float64, or broadcastable (1, n, d).
+        source_sq, target_sq: their squared Frobenius norms, (B,) or (1,).
     Returns:
         (frobenius, angle_deg, fit_residual, reflection), each (B,).
     """
     m = sources.mT @ targets  # (B, d, d) cross-covariances, one batched GEMM
-    q, sigma = polar_factors(m, singular_floor=singular_floor, labels=labels)
-    frob, angle, refl = drift_magnitudes(q)
+    q, sigma = _fast_polar_factors(m, singular_floor, labels)
+    frob, angle, refl = _fast_drift_magnitudes(q)
     # ||S Q - T||² = ||S||² + ||T||² - 2 tr(Qᵀ M) and tr(Qᵀ M) = Σ σ: no n x d product needed.
-    s2 = (sources * sources).sum(dim=(-2, -1))
-    t2 = (targets * targets).sum(dim=(-2, -1))
-    fit2 = (s2 + t2 - 2.0 * sigma.sum(dim=-1)).clamp_min(0.0)
-    fit = torch.sqrt(fit2) / torch.sqrt(t2).clamp_min(torch.finfo(torch.float64).tiny)
+    fit2 = (source_sq + target_sq - 2.0 * sigma.sum(dim=-1)).clamp_min(0.0)
+    fit = torch.sqrt(fit2) / torch.sqrt(target_sq).clamp_min(torch.finfo(torch.float64).tiny)
     return frob, angle, fit.expand_as(frob), refl
 
 
@@ -272,9 +382,11 @@ def frame_drift(
             error), e.g. collapsed latents or fewer probe frames than latent dimensions.
         GaugeError / ConfigError: malformed embeddings / arguments.
 
-    Cost: one (d x n)(n x d) GEMM, one d x d SVD and one or two d x d singular-value solves per
-    pair, all batched (the only Python loops run over participants and chunks, never over
-    pairs). Computed on CPU in float64 whatever the input device.
+    Cost: one (d x n)(n x d) GEMM, one d x d symmetric eigendecomposition (of MᵀM), one d x d
+    symmetric eigenvalue solve (of (Q + Qᵀ)/2), an LU (the reflection sign) and three d x d GEMMs
+    per pair, all batched (the only Python loops run over participants and chunks, never over
+    pairs); pairs that are ill-conditioned or turned by nearly π in some plane also take the SVD
+    path (see the module docstring). Computed on CPU in float64 whatever the input device.
     """
     if expected_probe_hash is not None and probe_hash != expected_probe_hash:
         raise ProbeError(
@@ -316,17 +428,27 @@ def frame_drift(
     reflected: list[str] = []
 
     # Group pairs by their first member: each group is one (k, d, d) batch whose source is a
-    # single un-copied matrix broadcast against the gathered partners.
+    # single un-copied matrix broadcast against its partners (a view when they are consecutive,
+    # i.e. always unless pairs are sampled).
     groups: dict[int, list[int]] = {}
     for i, j in pairs:
         groups.setdefault(i, []).append(j)
+    # Squared norms once per participant (the fit residual needs them for every pair).
+    sq_norms = (stacked * stacked).sum(dim=(-2, -1))
     for i in sorted(groups):
         partners = groups[i]
         for start in range(0, len(partners), _CHUNK):
             js = partners[start : start + _CHUNK]
             labels = [pair_key(ids[i], ids[j]) for j in js]
-            targets = stacked[torch.tensor(js, dtype=torch.long, device=stacked.device)]
-            fr, an, ft, rf = _measure(stacked[i].unsqueeze(0), targets, labels, singular_floor)
+            if js[-1] - js[0] == len(js) - 1:  # consecutive partners (no sampling): a view, no copy
+                targets = stacked[js[0] : js[-1] + 1]
+                target_sq = sq_norms[js[0] : js[-1] + 1]
+            else:
+                index = torch.tensor(js, dtype=torch.long, device=stacked.device)
+                targets, target_sq = stacked[index], sq_norms[index]
+            fr, an, ft, rf = _measure(
+                stacked[i].unsqueeze(0), targets, sq_norms[i : i + 1], target_sq, labels, singular_floor
+            )
             fr, an, ft, rf = fr.tolist(), an.tolist(), ft.tolist(), rf.tolist()
             for b, label in enumerate(labels):
                 residual[label], angle[label], fit[label] = fr[b], an[b], ft[b]
@@ -336,10 +458,14 @@ def frame_drift(
     from_global: dict[str, DriftToGlobal] = {}
     if GLOBAL_KEY in mats and ids:
         g = mats[GLOBAL_KEY].unsqueeze(0)
+        g_sq = (g * g).sum(dim=(-2, -1))
         for start in range(0, len(ids), _CHUNK):
             chunk_ids = ids[start : start + _CHUNK]
             labels = [pair_key(k, GLOBAL_KEY) for k in chunk_ids]
-            fr, an, ft, rf = _measure(stacked[start : start + len(chunk_ids)], g, labels, singular_floor)
+            stop = start + len(chunk_ids)
+            fr, an, ft, rf = _measure(
+                stacked[start:stop], g, sq_norms[start:stop], g_sq, labels, singular_floor
+            )
             for b, k in enumerate(chunk_ids):
                 from_global[k] = DriftToGlobal(
                     residual=float(fr[b]),

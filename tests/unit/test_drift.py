@@ -196,3 +196,232 @@ def test_single_participant_with_global():
     rep = frame_drift({"only": _cloud(20, 3, 0), "global": _cloud(20, 3, 0)})
     assert rep.pairwise_angle_deg == {} and rep.mean_pairwise_angle_deg is None
     assert rep.drift_from_global["only"].angle_deg == pytest.approx(0.0, abs=1e-5)
+
+
+# --- fast path of frame_drift (eigh polar factor, cosine angles) against the SVD path ---------
+
+from lensemble.gauge import drift as drift_module  # noqa: E402
+from lensemble.gauge.procrustes import polar_factors  # noqa: E402
+
+
+def _spd(d, kappa, seed):
+    """Symmetric positive definite matrix with condition number kappa (log-spaced spectrum)."""
+    w = _orthogonal(d, seed)
+    s = torch.logspace(0.0, -math.log10(kappa), d, dtype=torch.float64)
+    return w @ torch.diag(s) @ w.T
+
+
+def _rotation_with_planes(d, radians, seed, reflect=False):
+    """P B Pᵀ: block rotation by the given angles (radians) in planes (0,1), (2,3), ..., plus a
+    reflected last axis when asked, in a random basis P."""
+    q = torch.eye(d, dtype=torch.float64)
+    for k, t in enumerate(radians):
+        i, j = 2 * k, 2 * k + 1
+        q[i, i] = q[j, j] = math.cos(t)
+        q[i, j], q[j, i] = -math.sin(t), math.sin(t)
+    if reflect:
+        q[-1, -1] = -1.0
+    p = _orthogonal(d, seed)
+    return p @ q @ p.T
+
+
+def _count_calls(monkeypatch, name):
+    """Record the batch sizes passed to drift_module.<name> (the SVD fallbacks)."""
+    calls = []
+    original = getattr(drift_module, name)
+
+    def spy(x, *args, **kwargs):
+        calls.append(int(x.shape[0]))
+        return original(x, *args, **kwargs)
+
+    monkeypatch.setattr(drift_module, name, spy)
+    return calls
+
+
+def _assert_same_magnitudes(q, q_ref=None, angle_atol=1e-9):
+    """The fast magnitudes of q equal the SVD path's (of q_ref when given). The reference calls
+    the imported functions directly, so that a spy on drift_module sees only the fast path."""
+    ref = q if q_ref is None else q_ref
+    fro0, ang0 = frobenius_drift(ref), geodesic_angle_deg(ref)
+    refl0 = torch.linalg.slogdet(ref).sign < 0
+    fro1, ang1, refl1 = drift_module._fast_drift_magnitudes(q.clone())
+    torch.testing.assert_close(fro1, fro0, atol=1e-11, rtol=0)
+    torch.testing.assert_close(ang1, ang0, atol=angle_atol, rtol=0)
+    assert refl1.tolist() == refl0.tolist()
+
+
+def test_fast_polar_factors_match_svd_on_well_conditioned_pairs(monkeypatch):
+    calls = _count_calls(monkeypatch, "polar_factors")
+    d = 48
+    ms = []
+    for b in range(8):
+        q = _orthogonal(d, 300 + b)
+        if b % 2:
+            q[:, 0] = -q[:, 0]  # half of them reflections
+        ms.append(q @ _spd(d, [3.0, 30.0, 99.0, 1e3][b % 4], 400 + b) * 10.0 ** (b - 4))
+    m = torch.stack(ms)
+    q0, s0 = polar_factors(m)
+    q1, s1 = drift_module._fast_polar_factors(m, 1e-6, [str(b) for b in range(8)])
+    assert calls == []  # no SVD fallback
+    torch.testing.assert_close(q1, q0, atol=1e-11, rtol=0)
+    torch.testing.assert_close(s1 / s0[:, :1], s0 / s0[:, :1], atol=1e-13, rtol=0)
+    _assert_same_magnitudes(q1, q0)
+
+
+def test_fast_angles_match_svd_path_on_random_rotations_and_reflections(monkeypatch):
+    calls = _count_calls(monkeypatch, "geodesic_angle_deg")
+    batch = torch.stack([_orthogonal(64, 500 + s) for s in range(8)])
+    batch[::2, :, 0] *= -1
+    _assert_same_magnitudes(batch)
+    assert calls == []
+    refl = drift_module._fast_drift_magnitudes(batch)[2]
+    assert refl.tolist() == [bool(torch.linalg.slogdet(m).sign < 0) for m in batch]
+
+
+def test_fast_angles_small_rotations(monkeypatch):
+    calls = _count_calls(monkeypatch, "geodesic_angle_deg")
+    d = 32
+    batch = torch.stack(
+        [
+            _rotation_with_planes(d, [1e-4], 600),
+            _rotation_with_planes(d, [1e-4, 2e-4, 3e-4], 601),
+            _rotation_with_planes(d, [1e-7], 602),
+            _rotation_with_planes(d, [1e-4], 603, reflect=True),
+            torch.eye(d, dtype=torch.float64),
+        ]
+    )
+    _assert_same_magnitudes(batch, angle_atol=1e-10)
+    assert calls == []
+    ang = drift_module._fast_drift_magnitudes(batch)[1]
+    assert float(ang[0]) == pytest.approx(math.degrees(1e-4), rel=1e-9)
+    assert float(ang[1]) == pytest.approx(math.degrees(math.sqrt(14e-8)), rel=1e-9)
+    assert float(ang[4]) < 1e-9
+
+
+def test_fast_angles_near_pi_and_reflections(monkeypatch):
+    calls = _count_calls(monkeypatch, "geodesic_angle_deg")
+    d = 12
+    fast = torch.stack(
+        [
+            _rotation_with_planes(d, [math.pi - 1e-2], 700),
+            _rotation_with_planes(d, [math.pi - 1e-2, 1.0, 2.0], 701),
+            _rotation_with_planes(d, [], 702, reflect=True),
+            _rotation_with_planes(d, [math.pi - 1e-2, 0.3], 703, reflect=True),
+            torch.diag(torch.tensor([-1.0] + [1.0] * (d - 1), dtype=torch.float64)),
+        ]
+    )
+    _assert_same_magnitudes(fast)
+    assert calls == []  # all read from cosines
+    ang = drift_module._fast_drift_magnitudes(fast)[1]
+    assert float(ang[0]) == pytest.approx(math.degrees(math.pi - 1e-2), abs=1e-10)
+    assert float(ang[2]) == pytest.approx(180.0 / math.sqrt(2), abs=1e-10)
+    # A plane within ~1e-3 of π (beyond the pure reflection's -1) goes to the SVD path.
+    slow = torch.stack(
+        [
+            _rotation_with_planes(d, [math.pi - 1e-5], 710),
+            _rotation_with_planes(d, [math.pi], 711),
+            _rotation_with_planes(d, [math.pi, 0.5], 712, reflect=True),
+        ]
+    )
+    _assert_same_magnitudes(torch.cat([fast, slow]))
+    assert calls == [3]
+    ang = drift_module._fast_drift_magnitudes(slow)[1]
+    assert float(ang[0]) == pytest.approx(math.degrees(math.pi - 1e-5), abs=1e-10)
+    assert float(ang[1]) == pytest.approx(180.0, abs=1e-10)
+
+
+def test_fast_angles_one_dimension():
+    q = torch.tensor([[[1.0]], [[-1.0]]], dtype=torch.float64)
+    _assert_same_magnitudes(q)
+
+
+def test_ill_conditioned_pair_takes_the_svd_path(monkeypatch):
+    calls = _count_calls(monkeypatch, "polar_factors")
+    d = 40
+    well = _orthogonal(d, 800) @ _spd(d, 20.0, 801)
+    ill = _orthogonal(d, 802) @ _spd(d, 1e5, 803)  # sigma_min / sigma_max = 1e-5 < 1e-4
+    mid = _orthogonal(d, 804) @ _spd(d, 5e3, 805)  # refined by one Newton-Schulz step
+    m = torch.stack([well, ill, mid])
+    q1, s1 = drift_module._fast_polar_factors(m, 1e-6, ["w", "i", "m"])
+    assert calls == [1]
+    q_ill, s_ill = polar_factors(ill.unsqueeze(0))
+    torch.testing.assert_close(q1[1], q_ill[0], atol=1e-15, rtol=0)
+    torch.testing.assert_close(s1[1], s_ill[0], atol=1e-15, rtol=0)
+    q0, _ = polar_factors(m)
+    torch.testing.assert_close(q1, q0, atol=1e-10, rtol=0)
+    _assert_same_magnitudes(q1, q0)
+    # A larger singular floor moves the cut-off with it (10 x floor): 'm' (2e-4) goes to the SVD.
+    calls.clear()
+    q2, _ = drift_module._fast_polar_factors(m[[0, 2]], 5e-5, ["w", "m"])
+    assert calls == [1]
+    torch.testing.assert_close(q2[1], polar_factors(mid.unsqueeze(0))[0][0], atol=1e-15, rtol=0)
+
+
+def test_degenerate_pair_is_reported_as_by_the_svd_path():
+    d = 6
+    m = torch.stack(
+        [
+            _orthogonal(d, 900) @ _spd(d, 10.0, 901),
+            _orthogonal(d, 902) @ torch.diag(torch.tensor([1.0, 1, 1, 1, 1, 1e-8], dtype=torch.float64)),
+            _orthogonal(d, 903) @ torch.diag(torch.tensor([1.0, 1, 1, 1, 1, 1e-9], dtype=torch.float64)),
+            torch.zeros(d, d, dtype=torch.float64),
+        ]
+    )
+    labels = ["a|b", "a|c", "a|d", "a|e"]
+    with pytest.raises(DegenerateProcrustes) as ref:
+        polar_factors(m, singular_floor=1e-6, labels=labels)
+    with pytest.raises(DegenerateProcrustes) as got:
+        drift_module._fast_polar_factors(m, 1e-6, labels)
+    assert got.value.details == ref.value.details
+    assert got.value.details["pair"] == "a|c"
+    with pytest.raises(DegenerateProcrustes) as zero:
+        drift_module._fast_polar_factors(m[3:], 1e-6, labels[3:])
+    assert zero.value.details["pair"] == "a|e"
+    with pytest.raises(GaugeError):
+        frame_drift({"a": _cloud(30, 4, 0), "b": _cloud(30, 4, 1)}, singular_floor=0.0)
+
+
+def test_frame_drift_matches_per_pair_svd_reference(monkeypatch):
+    from lensemble.gauge import procrustes_align
+
+    d, n = 24, 96
+    base = _cloud(n, d, 40)
+    emb = {}
+    for i in range(6):
+        q = _orthogonal(d, 41 + i)
+        if i % 3 == 0:
+            q[:, 0] = -q[:, 0]
+        emb[f"p{i}"] = base @ q + 0.02 * _cloud(n, d, 60 + i)
+    emb["p6"] = emb["p0"] @ _rotation_with_planes(d, [1e-4], 70)  # small drift from p0
+    emb["p7"] = emb["p1"] @ _rotation_with_planes(d, [math.pi], 71)  # half-turn from p1
+    # sigma_min / sigma_max ~ 1e-3 against the others: the Newton-Schulz band.
+    emb["p8"] = emb["p2"] * torch.logspace(0, -1.5, d, dtype=torch.float64)
+    emb["p9"] = _cloud(n, d, 72) * torch.logspace(0, -2.5, d, dtype=torch.float64)  # ~1e-5: SVD
+    emb["global"] = base
+    polar_calls = _count_calls(monkeypatch, "polar_factors")
+    angle_calls = _count_calls(monkeypatch, "geodesic_angle_deg")
+    rep = frame_drift(emb)
+    monkeypatch.undo()
+    assert 0 < sum(polar_calls) < len(rep.pairwise_angle_deg) // 2
+    assert 0 < sum(angle_calls) < len(rep.pairwise_angle_deg) // 2
+    ratios = [
+        float(s[-1] / s[0]) for s in (torch.linalg.svdvals(emb[k].T @ emb["p8"]) for k in ("p0", "p3", "p5"))
+    ]
+    assert all(1e-4 < r < 1e-2 for r in ratios)
+    for key in rep.pairwise_angle_deg:
+        a, b = key.split("|")
+        q, fit = procrustes_align(emb[a], emb[b])
+        fro, ang, refl = drift_magnitudes(q)
+        assert rep.pairwise_residual[key] == pytest.approx(float(fro), abs=1e-9)
+        assert rep.pairwise_angle_deg[key] == pytest.approx(float(ang), abs=1e-9)
+        assert rep.pairwise_fit_residual[key] == pytest.approx(fit, abs=1e-6)
+        assert (key in rep.reflected_pairs) == bool(refl)
+    for k, v in rep.drift_from_global.items():
+        q, fit = procrustes_align(emb[k], emb["global"])
+        fro, ang, refl = drift_magnitudes(q)
+        assert v.residual == pytest.approx(float(fro), abs=1e-9)
+        assert v.angle_deg == pytest.approx(float(ang), abs=1e-9)
+        assert v.reflection == bool(refl)
+    assert rep.pairwise_angle_deg["p0|p6"] == pytest.approx(math.degrees(1e-4), abs=1e-9)
+    again = frame_drift({k: v.clone() for k, v in reversed(list(emb.items()))})
+    assert again.model_dump_json() == rep.model_dump_json()

@@ -1,0 +1,466 @@
+"""The study report: ``report.md``, ``report.html`` and PNG figures, from the analysis alone.
+
+:func:`write_report` takes the dict :func:`lensemble.eval.analysis.analyze` returns (which itself
+reads only the registry, the plan and the run summaries), so a report can be rebuilt from the
+committed ``docs/results/<study>/`` folder without any checkpoint. The HTML is the Markdown
+rendered by markdown-it (the same text, tables and images), with a small stylesheet.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+FIG_DIR = "figures"
+FIGURES = ("drift_rounds.png", "success.png", "effective_dim.png", "latent_std.png", "rho_severity.png",
+           "lambda_anc.png")
+_ARM_LABEL = {"central": "centralized (pooled)", "local": "local-only (mean over silos)",
+              "local_best": "local-only (best silo)", "naive": "1 naive FedAvg", "sketch": "2 + shared sketch",
+              "backstop": "3 + Procrustes backstop", "anchor": "4 + frame anchor", "distill": "5 + distillation",
+              "fork_a": "Fork A (frozen encoder)"}
+_FED = ("naive", "sketch", "backstop", "anchor", "distill", "fork_a")
+
+
+# ================================================================================== formatting
+def _num(x, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    if isinstance(x, int):
+        return str(x)
+    return f"{x:.{digits}g}"
+
+
+def _ci(ci, digits: int = 3) -> str:
+    if not ci or ci[0] is None or ci[1] is None:
+        return ""
+    return f" [{_num(ci[0], digits)}, {_num(ci[1], digits)}]"
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def _stat(s: dict | None, digits: int = 3) -> str:
+    if not s or s.get("mean") is None:
+        return "–"
+    return _num(s["mean"], digits) + _ci(s.get("ci"), digits)
+
+
+def _verdict(label: str) -> str:
+    return f"**{label}**"
+
+
+def _comp_numbers(r: dict) -> str:
+    unit = {"degrees": "°", "rate": "", "dimensions": " dims"}.get(r.get("unit", ""), "")
+    if r.get("estimate") is None:
+        return f"{r['id']}: not measured ({r.get('missing', 'missing')})"
+    p = f", p = {_num(r.get('p_value'))}" if r.get("p_value") is not None else ""
+    pa = f", Holm p = {_num(r.get('p_adjusted'))}" if r.get("p_adjusted") is not None else ""
+    return (f"{r['id']}: {r['treatment']} − {r['control']} = {r['estimate']:+.3g}{unit}{_ci(r['ci'])}"
+            f" (δ = {r['delta']}{unit}, n = {r['n']}{p}{pa})")
+
+
+def _rho_numbers(res: dict) -> str:
+    if not res:
+        return "–"
+    if res.get("rho") is None:
+        den = res.get("denominator")
+        tail = f"; S_central − S_local = {_num(den)}{_ci(res.get('denominator_ci'))}" if den is not None else ""
+        return f"ρ undefined (n = {res.get('n', 0)}){tail}"
+    return (f"ρ = {res['rho']:.3g}{_ci(res.get('rho_ci'))} vs threshold {res['threshold']} "
+            f"(n = {res['n']}; gap S_central − S_local = {_num(res.get('denominator'))}{_ci(res.get('denominator_ci'))})")
+
+
+def _esc(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+# ================================================================================== figures
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _empty(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=9, wrap=True)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+
+
+def _curve_panel(ax, arms: dict, metric: str, ylabel: str, title: str) -> None:
+    drawn = False
+    for arm in _FED:
+        curve = (arms.get(arm) or {}).get("curves", {}).get(metric)
+        if not curve:
+            continue
+        xs = [i for i, v in enumerate(curve["mean"]) if v is not None]
+        if not xs:
+            continue
+        ys = [curve["mean"][i] for i in xs]
+        line, = ax.plot(xs, ys, marker="o", label=_ARM_LABEL.get(arm, arm))
+        lo = [curve["low"][i] for i in xs]
+        hi = [curve["high"][i] for i in xs]
+        ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
+        drawn = True
+    if not drawn:
+        _empty(ax, f"no {ylabel} measured\n(degenerate frames or no federated arm)")
+    else:
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("round")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=10)
+
+
+def _bars(ax, arms: dict, metric: str, ylabel: str, title: str, *, wilson: bool = False) -> None:
+    names, means, los, his = [], [], [], []
+    extra = []
+    for arm, st in arms.items():
+        for key, label in ((metric, arm), ("success_best", "local_best") if metric == "success" and arm == "local"
+                           else (None, None)):
+            if key is None or not st.get(key) or st[key].get("mean") is None:
+                continue
+            s = st[key]
+            names.append(_ARM_LABEL.get(label, label))
+            means.append(s["mean"])
+            ci = s.get("ci") or [s["mean"], s["mean"]]
+            los.append(s["mean"] - ci[0])
+            his.append(ci[1] - s["mean"])
+            if wilson and key == "success" and st.get("pooled_success"):
+                extra.append((len(names) - 1, st["pooled_success"]["wilson"]))
+    if not names:
+        _empty(ax, f"no {ylabel} yet")
+        ax.set_title(title, fontsize=10)
+        return
+    xs = list(range(len(names)))
+    ax.bar(xs, means, yerr=[los, his], capsize=4, color="#8fb3d9", label="mean over seeds, 95% bootstrap CI")
+    for i, (lo, hi) in extra:
+        ax.plot([i + 0.25, i + 0.25], [lo, hi], color="#b03030", lw=2)
+    if extra:
+        ax.plot([], [], color="#b03030", lw=2, label="pooled episodes, 95% Wilson")
+    ax.set_xticks(xs)
+    ax.set_xticklabels(names, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=10)
+
+
+def _xs(values: list[str]) -> tuple[list[float], bool]:
+    try:
+        return [float(v) for v in values], True
+    except ValueError:
+        return list(range(len(values))), False
+
+
+def _sweep_panel(ax, group: dict, arms: list[str], metric: str, ylabel: str, key_label: str) -> None:
+    points = list(group.items())
+    xs, numeric = _xs([p for p, _ in points])
+    drawn = False
+    for arm in arms:
+        pts = [(x, cell["arms"].get(arm, {}).get(metric)) for x, (_, cell) in zip(xs, points, strict=True)]
+        pts = [(x, s) for x, s in pts if s and s.get("mean") is not None]
+        if not pts:
+            continue
+        x = [p[0] for p in pts]
+        y = [p[1]["mean"] for p in pts]
+        lo = [p[1]["mean"] - (p[1]["ci"] or [p[1]["mean"]] * 2)[0] for p in pts]
+        hi = [(p[1]["ci"] or [p[1]["mean"]] * 2)[1] - p[1]["mean"] for p in pts]
+        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=_ARM_LABEL.get(arm, arm))
+        drawn = True
+    if not drawn:
+        _empty(ax, f"no {ylabel} measured")
+        return
+    if not numeric:
+        ax.set_xticks(xs)
+        ax.set_xticklabels([p for p, _ in points])
+    elif all(x > 0 for x in xs) and max(xs) / min(xs) >= 10:
+        ax.set_xscale("log")
+    ax.set_xlabel(key_label)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7)
+
+
+def _rho_panel(ax, rows: list[dict], key_label: str, threshold: float | None) -> None:
+    xs, numeric = _xs([r["value"] for r in rows])
+    defined = [(x, r["rho"]) for x, r in zip(xs, rows, strict=True) if r.get("rho") and r["rho"].get("rho") is not None]
+    undefined = [x for x, r in zip(xs, rows, strict=True) if not (r.get("rho") and r["rho"].get("rho") is not None)]
+    if defined:
+        x = [d[0] for d in defined]
+        y = [d[1]["rho"] for d in defined]
+        lo = [d[1]["rho_ci"][0] if d[1].get("rho_ci") and d[1]["rho_ci"][0] is not None else y[i]
+              for i, d in enumerate(defined)]
+        hi = [d[1]["rho_ci"][1] if d[1].get("rho_ci") and d[1]["rho_ci"][1] is not None else y[i]
+              for i, d in enumerate(defined)]
+        ax.plot(x, y, marker="o", color="#205080", label="ρ")
+        ax.fill_between(x, lo, hi, color="#205080", alpha=0.2, label="95% paired bootstrap")
+    if undefined:
+        ax.scatter(undefined, [0.0] * len(undefined), marker="x", color="#b03030",
+                   label="undefined (no measurable gap)")
+    if threshold is not None:
+        ax.axhline(threshold, ls="--", color="grey", lw=1, label=f"registered threshold {threshold}")
+    ax.axhline(0, color="black", lw=0.5)
+    ax.axhline(1, color="black", lw=0.5, ls=":")
+    if not numeric:
+        ax.set_xticks(xs)
+        ax.set_xticklabels([r["value"] for r in rows])
+    ax.set_xlabel(key_label)
+    ax.set_ylabel("gap recovery ρ")
+    ax.legend(fontsize=7)
+
+
+def write_figures(study_dir: Path, analysis: dict) -> list[str]:
+    """Draw every figure into ``<study>/figures/``; return their paths relative to the study folder."""
+    plt = _plt()
+    fig_dir = study_dir / FIG_DIR
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    arms = analysis["groups"].get("ladder", {}).get("default", {}).get("arms", {})
+    threshold = next((c["rho"]["threshold"] for c in analysis["claims"] if c["id"] == "C3" and c.get("rho")), None)
+    out = []
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    _curve_panel(ax, arms, "gauge/drift_angle_deg", "frame drift (degrees)",
+                 "Frame drift from the global model per round (mean over seeds, band = min–max)")
+    _save(fig, fig_dir / "drift_rounds.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    _bars(ax, arms, "success", "MPC success rate", "Closed-loop success per rung and baseline", wilson=True)
+    _save(fig, fig_dir / "success.png")
+
+    for name, metric, round_metric, label in (
+        ("effective_dim.png", "effective_dim", "gauge/global_effective_dim", "effective dimension"),
+        ("latent_std.png", "latent_std", "gauge/global_latent_std", "latent std"),
+    ):
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+        _bars(a1, arms, metric, label, f"Final model, held-out frames ({label})")
+        _curve_panel(a2, arms, round_metric, label, f"Global model on the probe per round ({label})")
+        _save(fig, fig_dir / name)
+
+    sev = analysis["sweeps"].get("severity")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if sev:
+        _rho_panel(ax, sev, "non-IID severity", threshold)
+        ax.set_title("Gap recovery ρ against non-IID severity", fontsize=10)
+    else:
+        _empty(ax, "no severity sweep in this study")
+    _save(fig, fig_dir / "rho_severity.png")
+
+    lam = analysis["groups"].get("lambda_anc")
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    if lam:
+        _sweep_panel(a1, lam, ["anchor"], "drift_final", "final frame drift (degrees)", "λ_anc")
+        _sweep_panel(a2, lam, ["anchor"], "success", "MPC success rate", "λ_anc")
+        a1.set_title("Frame drift against λ_anc", fontsize=10)
+        a2.set_title("Success against λ_anc", fontsize=10)
+    else:
+        _empty(a1, "no λ_anc sweep in this study")
+        _empty(a2, "")
+    _save(fig, fig_dir / "lambda_anc.png")
+    out += [f"{FIG_DIR}/{n}" for n in FIGURES]
+
+    for g, group in analysis["groups"].items():
+        if g in ("ladder", "lambda_anc"):
+            continue
+        key = next(iter(group.values()))["key"] or g
+        sweep_arms = sorted({a for cell in group.values() for a in cell["arms"]},
+                            key=lambda a: list(_ARM_LABEL).index(a) if a in _ARM_LABEL else 99)
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+        _sweep_panel(axes[0], group, [a for a in sweep_arms if a in _FED], "drift_final", "final drift (degrees)", key)
+        _sweep_panel(axes[1], group, sweep_arms, "success", "MPC success rate", key)
+        _rho_panel(axes[2], analysis["sweeps"].get(g, []), key, threshold)
+        axes[0].set_title(f"Frame drift against {key}", fontsize=10)
+        axes[1].set_title(f"Success against {key}", fontsize=10)
+        axes[2].set_title(f"ρ against {key}", fontsize=10)
+        _save(fig, fig_dir / f"sweep_{g}.png")
+        out.append(f"{FIG_DIR}/sweep_{g}.png")
+    return out
+
+
+# ================================================================================== markdown
+def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
+    st = analysis["status"]
+    an = registry["analysis"]
+    design = registry["design"]
+    lines = [f"# Study `{analysis['study']}`: claims, ablation ladder and sweeps", ""]
+    state = "complete" if st["complete"] else f"**partial**: {st['done']} of {st['planned']} runs done"
+    lines += [
+        f"Generated {analysis['generated_at']} from the run summaries in `runs/` (registry "
+        f"`{(analysis.get('registry_hash') or '')[:12]}`, {len(analysis.get('amendments', []))} amendment(s)). "
+        f"Status: {state}.",
+        "",
+    ]
+    if not st["complete"]:
+        lines += ["> Missing runs make their comparisons inconclusive; rerun the same command to finish "
+                  "(finished runs are skipped).", ""]
+    if registry.get("description"):
+        lines += [registry["description"], ""]
+
+    lines += ["## Claims", "",
+              "Each claim was registered in `registry.yaml` before any run. A verdict is *confirmed* only when "
+              "its 95% interval excludes zero in the registered direction, the estimate reaches δ and the "
+              "(Holm-adjusted) p-value is at most α; *falsified* when the interval lies entirely below δ; "
+              "*inconclusive* otherwise.", "",
+              "| claim | verdict | deciding numbers | why |", "|---|---|---|---|"]
+    for c in analysis["claims"]:
+        if c["id"] in ("C1", "C2"):
+            nums = "<br>".join(_esc(_comp_numbers(r)) for r in c["components"])
+        elif c["id"] == "C3":
+            nums = _esc(_rho_numbers(c.get("rho")))
+        else:
+            pts = c.get("points", [])
+            nums = "<br>".join(
+                _esc(f"{p['sweep']}={p['value']}: C2 {p['C2']['label'] if p.get('C2') else '–'}, "
+                     f"C3 {p['C3']['label']} ({_rho_numbers(p['C3'])})") for p in pts) or "no sweep points"
+        lines.append(f"| {c['id']} {_esc(c['title'])} | {_verdict(c['label'])} | {nums} | {_esc(c['reason'])} |")
+    lines.append("")
+
+    arms = analysis["groups"].get("ladder", {}).get("default", {}).get("arms", {})
+    lines += ["## Ablation ladder and baselines", "",
+              f"Seeds {design['seeds']}; {design['evaluation']['episodes']} evaluation episodes per model "
+              f"({design['evaluation']['split']} split, {design['evaluation']['planner']} "
+              f"{design['evaluation']['num_samples']}×{design['evaluation']['iterations']}). "
+              f"Step budget: {design['step_budget'].get('statement', '')} "
+              f"({design['step_budget'].get('rounds')} rounds × {design['step_budget'].get('inner_steps')} steps = "
+              f"{design['step_budget'].get('participant_steps')} per participant; centralized "
+              f"{design['step_budget'].get('central_steps')}).", "",
+              "| arm | seeds | success (mean, 95% CI over seeds) | pooled success [Wilson] | final drift ° | "
+              "mean drift ° | effective dim | latent std | probe R² |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for arm, s in arms.items():
+        pooled = s.get("pooled_success")
+        pooled_txt = (f"{pooled['successes']}/{pooled['episodes']} = {_pct(pooled['rate'])} "
+                      f"[{_pct(pooled['wilson'][0])}, {_pct(pooled['wilson'][1])}]") if pooled else "–"
+        lines.append(f"| {_ARM_LABEL.get(arm, arm)} | {s['n_seeds']} | {_stat(s.get('success'))} | {pooled_txt} | "
+                     f"{_stat(s.get('drift_final'))} | {_stat(s.get('drift_mean'))} | {_stat(s.get('effective_dim'))} | "
+                     f"{_stat(s.get('latent_std'))} | {_stat(s.get('probe_r2'))} |")
+        if arm == "local" and s.get("success_best"):
+            lines.append(f"| {_ARM_LABEL['local_best']} | {s['n_seeds']} | {_stat(s.get('success_best'))} | – | – | – "
+                         f"| – | – | – |")
+    lines.append("")
+    for fig, cap in (("drift_rounds.png", "Frame drift against round for each rung"),
+                     ("success.png", "Success per rung and baseline"),
+                     ("effective_dim.png", "Effective dimension"), ("latent_std.png", "Latent standard deviation")):
+        lines += [f"![{cap}]({FIG_DIR}/{fig})", ""]
+
+    if analysis["ladder_comparisons"]:
+        lines += ["### Each rung against naive FedAvg (Holm across the ladder)", "",
+                  "| comparison | estimate [95% CI] | n | p | Holm p | verdict |", "|---|---|---|---|---|---|"]
+        for r in analysis["ladder_comparisons"]:
+            est = "–" if r.get("estimate") is None else f"{r['estimate']:+.3g}{_ci(r['ci'])}"
+            lines.append(f"| {r['id']} ({r['metric']}, {r['direction']} ≥ {r['delta']}) | {est} | {r.get('n', 0)} | "
+                         f"{_num(r.get('p_value'))} | {_num(r.get('p_adjusted'))} | {r['label']} |")
+        lines.append("")
+
+    sweeps = {g: v for g, v in analysis["groups"].items() if g != "ladder"}
+    if sweeps:
+        lines += ["## Sweeps", ""]
+    for g, group in sweeps.items():
+        key = next(iter(group.values()))["key"]
+        lines += [f"### {g} (`{key}`)", "",
+                  "| value | arm | seeds | success | final drift ° | effective dim |", "|---|---|---|---|---|---|"]
+        for value, cell in group.items():
+            for arm, s in cell["arms"].items():
+                lines.append(f"| {value} | {_ARM_LABEL.get(arm, arm)} | {s['n_seeds']} | {_stat(s.get('success'))} | "
+                             f"{_stat(s.get('drift_final'))} | {_stat(s.get('effective_dim'))} |")
+        rows = analysis["sweeps"].get(g, [])
+        if any(r.get("rho") and r["rho"].get("n") for r in rows):
+            lines += ["", "| value | ρ | verdict vs threshold |", "|---|---|---|"]
+            for r in rows:
+                lines.append(f"| {r['value']} | {_esc(_rho_numbers(r['rho']))} | {r['rho']['label']} |")
+        lines.append("")
+        if g == "severity":
+            lines += [f"![Gap recovery against severity]({FIG_DIR}/rho_severity.png)", ""]
+        if g == "lambda_anc":
+            lines += [f"![The λ_anc sweep]({FIG_DIR}/lambda_anc.png)", ""]
+        else:
+            lines += [f"![{g}]({FIG_DIR}/sweep_{g}.png)", ""]
+
+    pw = an["power_analysis"]
+    lines += ["## Registry, power and minimum detectable effects", "",
+              f"α = {an['alpha']} ({an['alternative']}), power {an['power']}, unit = seed, {pw['n_seeds']} seeds × "
+              f"{pw['n_episodes_per_arm_and_seed']} episodes per arm. Pairing: {design['pairing']}. "
+              f"Warm start: {design['warmstart']['scope']}-level, public data only, "
+              f"{design['warmstart']['steps']} steps. Holm families: confirmatory {an['confirmatory_family']}; "
+              f"ladder {len(an['ladder_family'])} comparisons.", "",
+              "| metric | δ (registered) | SD of paired difference (assumed) | MDE at α | MDE at the first Holm step | "
+              "seeds needed for δ |", "|---|---|---|---|---|---|"]
+    for m, c in pw["components"].items():
+        lines.append(f"| {m} ({c['unit']}) | {c['delta']} | {_num(c['sd_paired_difference'])} | {_num(c['mde_at_alpha'])} | "
+                     f"{_num(c['mde_at_first_holm_step'])} | {c['seeds_for_delta'] or '–'} |")
+    lines += ["", f"Success MDE with episodes pooled over seeds (no seed variance, a floor): "
+              f"{_num(pw['components']['success'].get('mde_episode_floor'))}. The exact sign-flip test over "
+              f"{pw['n_seeds']} seeds cannot give p below {_num(pw['permutation_p_floor'])}; the first Holm threshold is "
+              f"{_num(pw['first_holm_threshold'])}, so this design "
+              + ("**can**" if pw["confirmable"] else f"**cannot** confirm a claim (it needs ≥ {pw['seeds_needed_for_floor']} seeds)")
+              + ".", ""]
+    if pw.get("limitations"):
+        lines += ["Known limitations of the design, registered before the runs:", ""]
+        lines += [f"- {_esc(x)}" for x in pw["limitations"]]
+        lines.append("")
+
+    if analysis.get("amendments"):
+        lines += ["## Amendments to the registry", ""]
+        for a in analysis["amendments"]:
+            changed = ", ".join(f"`{c['path']}`: {c['old']} → {c['new']}" for c in a.get("changes", [])[:8])
+            lines.append(f"- {a['at']}, after {a['runs_done']} runs: {_esc(a['reason'])} ({changed})")
+        lines.append("")
+
+    cost = analysis.get("cost", {})
+    lines += ["## Runs and cost", "",
+              f"{st['done']} of {st['planned']} runs done; {cost.get('total_seconds', 0) / 3600:.2f} h of recorded "
+              "run time.", "", "| kind:arm | runs | mean seconds per run |", "|---|---|---|"]
+    for k, v in cost.get("per_run_seconds", {}).items():
+        lines.append(f"| {k} | {v['n']} | {v['mean']} |")
+    if st.get("failed"):
+        lines += ["", "Failed runs (retried on the next call):", ""]
+        lines += [f"- `{k}`: {_esc(v)}" for k, v in st["failed"].items()]
+    lines += ["", "## Reproduce", "",
+              "```bash",
+              f"lensemble study --name {analysis['study']}            # run what is missing, then this report",
+              f"lensemble study --name {analysis['study']} --report-only   # rebuild from docs/results alone",
+              "```", "",
+              "Each `runs/<run_id>.json` holds the run's overrides, config/manifest/checkpoint/warm-start/probe "
+              "hashes, per-round metrics and its EvalReport; `analysis.json` holds every number above.", ""]
+    return "\n".join(lines)
+
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}
+table{border-collapse:collapse;margin:1em 0;font-size:0.9em}th,td{border:1px solid #ccc;padding:4px 8px;
+vertical-align:top}th{background:#f2f2f2}img{max-width:100%}code{background:#f4f4f4;padding:1px 3px}
+pre{background:#f4f4f4;padding:0.8em}blockquote{border-left:4px solid #e0a000;margin:0;padding:0.3em 1em}"""
+
+
+def render_html(markdown_text: str, title: str) -> str:
+    from markdown_it import MarkdownIt
+
+    body = MarkdownIt("commonmark", {"html": True}).enable("table").render(markdown_text)
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title>"
+            f"<style>{_CSS}</style></head><body>\n{body}</body></html>\n")
+
+
+def write_report(study_dir: str | Path, analysis: dict) -> Path:
+    """Write figures, ``report.md`` and ``report.html`` into the study folder; return report.md."""
+    from lensemble.eval.registry import load_registry
+    from lensemble.eval.study import _atomic_write
+
+    study_dir = Path(study_dir)
+    registry = load_registry(study_dir)
+    figures = write_figures(study_dir, analysis)
+    md = render_markdown(analysis, registry, figures)
+    _atomic_write(study_dir / "report.md", md)
+    _atomic_write(study_dir / "report.html", render_html(md, f"Study {analysis['study']}"))
+    return study_dir / "report.md"
+
+
+__all__ = ["FIGURES", "write_figures", "render_markdown", "render_html", "write_report"]

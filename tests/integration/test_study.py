@@ -1,0 +1,278 @@
+"""The study end to end on the `tiny` preset (micro config, 2 seeds, 2 silos, 2 rounds): plan,
+registry before any run, runs, resume, amendments, analysis and report. Wiring only: the verdicts
+of a micro study mean nothing, so no test looks at which verdict came out."""
+
+import json
+import re
+import shutil
+
+import pytest
+import yaml
+
+from lensemble.errors import ConfigError
+from lensemble.eval import study as st
+from lensemble.eval.study_report import FIGURES
+
+VERDICTS = ("confirmed", "falsified", "inconclusive")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("study")
+    kw = dict(name="tiny", out=root / "results", scratch=root / "scratch", progress=False)
+    ov = [f"data.root={root / 'data'}"]
+    planned = st.study_command(ov, plan_only=True, **kw)
+    study_dir = root / "results" / "tiny"
+    assert (study_dir / "registry.yaml").exists() and (study_dir / "plan.json").exists()
+    assert not list((study_dir / "runs").glob("*.json")) if (study_dir / "runs").exists() else True
+    assert planned.executed == 0 and planned.report is None
+
+    seen = []
+    real_run = st._Runner.run
+
+    def spy(self, run):
+        # The registry is on disk, unchanged, before the first run starts.
+        if not seen:
+            reg = yaml.safe_load((study_dir / "registry.yaml").read_text())
+            seen.append(reg["registry_hash"])
+        return real_run(self, run)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(st._Runner, "run", spy)
+        result = st.study_command(ov, **kw)
+    assert seen, "no run was executed"
+    return {"root": root, "kw": kw, "ov": ov, "dir": study_dir, "result": result, "first_hash": seen[0]}
+
+
+def _claims_rows(md: str) -> dict[str, str]:
+    rows = {}
+    for line in md.splitlines():
+        m = re.match(r"\| (C[1-4]) .*?\| \*\*(\w+)\*\* \|", line)
+        if m:
+            rows[m.group(1)] = m.group(2)
+    return rows
+
+
+def test_full_study_runs_every_planned_run_once(tiny):
+    r, d = tiny["result"], tiny["dir"]
+    plan = json.loads((d / "plan.json").read_text())
+    assert r.failed == {}
+    assert r.executed == r.planned == len(plan["runs"])
+    assert sorted(p.stem for p in (d / "runs").glob("*.json")) == sorted(plan["runs"])
+    # The severity sweep's value 1.0 is the ladder's own setting: those runs are shared, not redone.
+    sev = plan["groups"]["severity"]["1.0"]["arms"]
+    assert sev["anchor"]["0"] == ["anchor-s0"] and sev["central"]["1"] == ["central-s1"]
+    # Summaries are small, hold hashes and metrics, and no checkpoint or data lives in docs/results.
+    s = json.loads((d / "runs" / "anchor-s0.json").read_text())
+    for key in ("config_hash", "manifest_hash", "checkpoint_hash", "warmstart_hash", "probe_hash", "spec_hash"):
+        assert isinstance(s[key], str) and len(s[key]) == 64, key
+    assert len(s["rounds"]) == 2 and "gauge/global_effective_dim" in s["rounds"][-1]
+    assert 0.0 <= s["eval"]["success_rate"] <= 1.0 and s["eval"]["n_episodes"] == 2
+    assert not list(d.rglob("*.safetensors")) and not list(d.rglob("*.npz"))
+    # Every arm of seed 0 started from the one study-level warm start.
+    ws = json.loads((d / "runs" / "warmstart.json").read_text())["checkpoint_hash"]
+    for rid in ("anchor-s0", "naive-s1", "central-s0", "local-silo1-s1"):
+        assert json.loads((d / "runs" / f"{rid}.json").read_text())["warmstart_hash"] == ws
+
+
+def test_registry_fields(tiny):
+    reg = yaml.safe_load((tiny["dir"] / "registry.yaml").read_text())
+    assert reg["registry_hash"] == tiny["first_hash"] and reg["amendments"] == []
+    assert [c["id"] for c in reg["claims"]] == ["C1", "C2", "C3", "C4"]
+    for comp in reg["claims"][0]["components"] + reg["claims"][1]["components"]:
+        for key in ("metric", "treatment", "control", "direction", "delta", "mde"):
+            assert key in comp, key
+    assert reg["claims"][2]["threshold"] == 0.5
+    pw = reg["analysis"]["power_analysis"]
+    assert pw["n_seeds"] == 2 and pw["confirmable"] is False  # 2 seeds: the sign-flip floor is 0.25
+    assert reg["design"]["step_budget"]["participant_steps"] == 6 == reg["design"]["step_budget"]["central_steps"]
+    assert "data.root" not in " ".join(reg["design"]["base_overrides"])
+
+
+def test_report_structure(tiny):
+    d = tiny["dir"]
+    md = (d / "report.md").read_text()
+    rows = _claims_rows(md)
+    assert sorted(rows) == ["C1", "C2", "C3", "C4"]
+    assert all(v in VERDICTS for v in rows.values())
+    html = (d / "report.html").read_text()
+    assert "<table>" in html and html.count("<img") >= 6
+    for label in rows.values():
+        assert f"<strong>{label}</strong>" in html
+    for name in FIGURES + ("sweep_severity.png",):
+        path = d / "figures" / name
+        assert path.exists() and path.stat().st_size > 1000, name
+        assert f"figures/{name}" in md
+    analysis = json.loads((d / "analysis.json").read_text())
+    assert {c["id"]: c["label"] for c in analysis["claims"]} == rows
+    assert analysis["status"]["complete"] and analysis["status"]["done"] == tiny["result"].planned
+    assert [r["value"] for r in analysis["sweeps"]["severity"]] == ["0.0", "1.0"]
+
+
+def test_rerun_skips_finished_runs_and_resumes_missing_ones(tiny, monkeypatch):
+    again = st.study_command(tiny["ov"], **tiny["kw"])
+    assert again.executed == 0 and again.skipped == again.planned
+    # Lose two summaries; one run then crashes: it is recorded as failed, not as done.
+    d = tiny["dir"]
+    for rid in ("naive-s1", "lambda_anc-3.0-anchor-s0"):
+        (d / "runs" / f"{rid}.json").unlink()
+    real = st._Runner._execute
+
+    def flaky(self, run):
+        if run.run_id == "naive-s1":
+            raise RuntimeError("injected failure")
+        return real(self, run)
+
+    monkeypatch.setattr(st._Runner, "_execute", flaky)
+    partial = st.study_command(tiny["ov"], **tiny["kw"])
+    assert partial.executed == 1 and list(partial.failed) == ["naive-s1"]
+    assert (d / "runs" / "naive-s1.failed.json").exists()
+    assert not partial.analysis["status"]["complete"]
+    assert "partial" in (d / "report.md").read_text()
+    monkeypatch.setattr(st._Runner, "_execute", real)
+    done = st.study_command(tiny["ov"], jobs=2, **tiny["kw"])  # the retry runs in a worker process
+    assert done.executed == 1 and done.failed == {} and done.analysis["status"]["complete"]
+    assert not (d / "runs" / "naive-s1.failed.json").exists()
+
+
+def test_changed_settings_of_finished_runs_are_refused(tiny):
+    with pytest.raises(ConfigError, match="other settings"):
+        st.study_command(tiny["ov"] + ["train.lr=0.002"], **tiny["kw"])
+
+
+def test_registry_change_after_runs_needs_an_amendment(tiny, tmp_path):
+    out = tmp_path / "results"
+    shutil.copytree(tiny["dir"], out / "tiny")
+    kw = {**tiny["kw"], "out": out}
+    change = ["study.registry.rho_threshold=0.6"]
+    with pytest.raises(ConfigError, match="amend"):
+        st.study_command(tiny["ov"] + change, **kw)
+    res = st.study_command(tiny["ov"] + change, amend="threshold fixed from the pilot's severity curve", **kw)
+    assert res.executed == 0
+    reg = yaml.safe_load((out / "tiny" / "registry.yaml").read_text())
+    (amendment,) = reg["amendments"]
+    assert amendment["reason"].startswith("threshold fixed") and amendment["runs_done"] == res.planned
+    assert amendment["previous_hash"] == tiny["first_hash"] != amendment["new_hash"] == reg["registry_hash"]
+    assert {"path": "analysis.rho_threshold", "old": 0.5, "new": 0.6} in amendment["changes"]
+    assert reg["registered_at"] == yaml.safe_load((tiny["dir"] / "registry.yaml").read_text())["registered_at"]
+    c3 = next(c for c in res.analysis["claims"] if c["id"] == "C3")
+    assert c3["rho"]["threshold"] == 0.6
+    assert "Amendments to the registry" in (out / "tiny" / "report.md").read_text()
+
+
+def test_report_rebuilds_from_committed_files_alone(tiny, tmp_path):
+    d = tmp_path / "results" / "tiny"
+    shutil.copytree(tiny["dir"], d)
+    for p in [d / "report.md", d / "report.html", d / "analysis.json", *d.glob("figures/*")]:
+        p.unlink()
+    res = st.study_command([], name="tiny", out=tmp_path / "results", scratch=tmp_path / "no-scratch",
+                           progress=False, report_only=True)
+    assert res.executed == 0 and not (tmp_path / "no-scratch").exists()
+    old = json.loads((tiny["dir"] / "analysis.json").read_text())
+    assert {c["id"]: c["label"] for c in res.analysis["claims"]} == {c["id"]: c["label"] for c in old["claims"]}
+    assert (d / "report.html").exists() and all((d / "figures" / n).exists() for n in FIGURES)
+
+
+# ------------------------------------------------------------------- planning only (no runs)
+def test_cpu_preset_plan_shares_runs_across_cells():
+    spec = st.load_study_spec("cpu")
+    plan = st.plan_study(spec)
+    ladder = plan.groups["ladder"]["default"]
+    assert set(ladder["arms"]) == {"central", "local", "naive", "sketch", "backstop", "anchor", "distill", "fork_a"}
+    budget = ladder["budget"]
+    assert budget["central_steps"] == budget["local_steps"] == budget["rounds"] * budget["inner_steps"]
+    fork = plan.runs[ladder["arms"]["fork_a"][str(spec.seeds[0])][0]]
+    assert "model.encoder_frozen=true" in fork.overrides and "gauge=naive" in fork.overrides
+    for group in plan.groups.values():
+        for point in group.values():
+            for arm, per_seed in point["arms"].items():
+                for ids in per_seed.values():
+                    assert all(i in plan.runs for i in ids)
+                    if arm == "local":
+                        assert len(ids) == point["budget"]["participants"]
+    # An H sweep that keeps rounds × H fixed needs no new baselines: they are the ladder's.
+    if "inner_steps" in plan.groups:
+        for point in plan.groups["inner_steps"].values():
+            assert point["budget"]["participant_steps"] == budget["participant_steps"]
+            if "central" in point["arms"]:
+                assert point["arms"]["central"] == ladder["arms"]["central"]
+    # Every seed of a run is one of the study's, and every id is unique and file-safe.
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", rid) for rid in plan.runs)
+
+
+def test_overrides_from_config_round_trip(micro_cfg):
+    from lensemble.config import load_config
+
+    again = load_config(st.overrides_from_config(micro_cfg))
+    assert again.config_hash() == micro_cfg.config_hash()
+    anchored = load_config(st.overrides_from_config(micro_cfg) + ["gauge=anchor"])
+    assert anchored.gauge.anchor == "A" and anchored.gauge.anchor_landmarks == micro_cfg.gauge.anchor_landmarks
+
+
+def test_sweep_overrides_use_hydra_multirun_syntax():
+    assert st.expand_sweep("gauge.lambda_anc=0.1,1,10") == ("gauge.lambda_anc", ["0.1", "1", "10"])
+    assert st.expand_sweep("data.severity=range(0,1.01,0.5)") == ("data.severity", ["0.0", "0.5", "1.0"])
+    assert st.normalize_overrides(["b=1", "a=2", "b=3"]) == ["a=2", "b=3"]
+    with pytest.raises(ConfigError):
+        st.load_study_spec("tiny", ["rungs=[naive,bogus]"])
+
+
+# ------------------------------------------------------------------- the decision rules, on synthetic summaries
+def _synthetic_study(tmp_path, values):
+    """A 6-seed tiny plan whose summaries are written from ``values(arm, seed) -> (success, drift, dim)``."""
+    from lensemble.eval.registry import build_registry, sync_registry
+
+    spec = st.load_study_spec("tiny", ["registry.min_seeds=3"], seeds=list(range(6)), sweeps=[])
+    plan = st.plan_study(spec)
+    d = tmp_path / "tiny"
+    d.mkdir(parents=True)
+    (d / "plan.json").write_text(json.dumps(plan.to_json()))
+    sync_registry(d, build_registry(spec, plan), runs_done=0)
+    for rid, run in plan.runs.items():
+        summary = {"run_id": rid, "kind": run.kind, "arm": run.arm, "seed": run.seed, "spec_hash": run.spec_hash,
+                   "seconds": {"train": 1.0, "eval": 1.0}}
+        if run.kind != "warmstart":
+            success, drift, dim = values(run.arm, run.seed)
+            n = 40
+            summary["eval"] = {"success_rate": round(success * n) / n, "n_successes": round(success * n),
+                               "n_episodes": n, "effective_dim": dim, "latent_std": 1.0}
+            if run.kind == "federated":
+                summary["rounds"] = [{"gauge/drift_angle_deg": drift * f} for f in (0.5, 1.0)]
+        (d / "runs").mkdir(exist_ok=True)
+        (d / "runs" / f"{rid}.json").write_text(json.dumps(summary))
+    return d
+
+
+def test_decisions_confirm_clear_effects_and_falsify_absent_ones(tmp_path):
+    from lensemble.eval.analysis import analyze
+
+    table = {"central": (0.5, None, 20.0), "local": (0.1, None, 18.0), "naive": (0.1, 60.0, 3.0),
+             "anchor": (0.45, 5.0, 19.0)}
+
+    def clear(arm, seed):
+        s, drift, dim = table[arm]
+        jitter = 0.01 * ((seed * 7) % 5 - 2)
+        return s + jitter, (drift or 0.0) * (1 + jitter), dim + 10 * jitter
+
+    labels = {c["id"]: c for c in analyze(_synthetic_study(tmp_path / "a", clear))["claims"]}
+    assert labels["C1"]["label"] == "confirmed" and labels["C2"]["label"] == "confirmed"
+    assert labels["C3"]["label"] == "confirmed" and 0.5 < labels["C3"]["rho"]["rho"] < 1.0
+    assert labels["C4"]["label"] == "inconclusive"  # no sweep ran
+    # Six seeds: the one-sided sign-flip floor 1/64 passes Holm over the two claims.
+    assert labels["C2"]["p_adjusted"] == pytest.approx(2 / 64)
+
+    def no_anchor_effect(arm, seed):
+        s, drift, dim = clear(arm, seed)
+        if arm == "anchor":
+            s, drift = clear("local", seed)[0], clear("naive", seed)[1] + 0.5 * (seed % 2 - 0.5)
+        return s, drift, dim
+
+    labels = {c["id"]: c for c in analyze(_synthetic_study(tmp_path / "b", no_anchor_effect))["claims"]}
+    assert labels["C2"]["label"] == "falsified"          # anchored drift no lower than naive
+    assert labels["C3"]["label"] in ("falsified", "inconclusive")
+    assert labels["C3"]["rho"]["rho"] is None or labels["C3"]["rho"]["rho_ci"][1] < 0.5
+    for c in labels.values():                             # never confirmed against its own interval
+        for comp in c.get("components", []):
+            if comp["label"] == "confirmed":
+                lo, hi = comp["ci"]
+                assert (lo > 0) if comp["direction"] == "increase" else (hi < 0)
