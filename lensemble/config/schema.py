@@ -109,7 +109,7 @@ class GaugeConfig(_Section):
     anchor: Literal["none", "A", "B"] = "none"
     lambda_anc: float = Field(0.0, ge=0)
     anchor_landmarks: int = Field(128, ge=1, description="k: probe landmarks; must be >= latent_dim")
-    singular_floor: float = Field(1e-6, gt=0)
+    singular_floor: float = Field(1e-10, gt=0, description="relative floor on Procrustes singular values")
     distill: bool = False
     distill_steps: int = Field(50, ge=1)
     distill_lr: float = Field(1e-3, gt=0)
