@@ -52,3 +52,10 @@ def test_anchor_needs_k_at_least_d():
     with pytest.raises(ConfigError) as info:
         load_config(["gauge=anchor", "gauge.anchor_landmarks=8"])
     assert "anchor_landmarks" in str(info.value)
+
+
+def test_baseline_experiments_compose():
+    fork_a = load_config(["experiment=fork_a"])
+    assert fork_a.model.encoder_frozen and fork_a.gauge.rung == "naive" and fork_a.federation.mode == "fork_a"
+    naive = load_config(["experiment=naive_fedavg"])
+    assert naive.gauge.rung == "naive" and not naive.gauge.shared_sketch and not naive.model.encoder_frozen
