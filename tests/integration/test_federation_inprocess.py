@@ -138,3 +138,16 @@ def test_drift_on_checkpoints_recovers_a_known_rotation(shared, tmp_path):
     weights.write_bytes(bytes(raw))
     with pytest.raises(CheckpointIntegrityError):
         drift_between_checkpoints(ckpts, probe, singular_floor=floor)
+
+
+def test_fork_a_federates_the_predictor_only(shared, tmp_path):
+    import torch
+
+    cfg = _cfg(shared, "model.encoder_frozen=true", "federation.mode=fork_a")
+    summary = run_inprocess(cfg, tmp_path / "fa", progress=False)
+    warm = load_checkpoint(cfg.federation.warmstart)
+    final = load_checkpoint(summary["final_checkpoint"])
+    enc = [k for k in final.tensors if k.startswith("encoder.")]
+    pred = [k for k in final.tensors if k.startswith("predictor.")]
+    assert all(torch.equal(final.tensors[k], warm.tensors[k]) for k in enc)
+    assert any(not torch.equal(final.tensors[k], warm.tensors[k]) for k in pred)
