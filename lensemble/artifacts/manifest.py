@@ -7,7 +7,6 @@ import json
 import os
 import platform
 import subprocess
-import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path

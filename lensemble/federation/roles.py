@@ -42,7 +42,7 @@ from lensemble.gauge.backstop import align_and_redifference
 from lensemble.gauge.distill import aligned_consensus, distill_encoder
 from lensemble.gauge.drift import drift_magnitudes, frame_drift
 from lensemble.model.objective import sketch_for_round, sketch_for_step
-from lensemble.model.world_model import WorldModel, architecture, build_world_model, world_model_from_state
+from lensemble.model.world_model import WorldModel, architecture, world_model_from_state
 from lensemble.observability.metrics import MetricsSink
 from lensemble.training.datasets import ensure_data
 from lensemble.training.loop import InnerLoop
