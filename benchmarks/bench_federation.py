@@ -21,8 +21,8 @@ participant by construction; for it the script also prints ``round - sum(compute
 engine's own overhead. ``close_round`` (aggregation, drift, checkpoint commit) is Lensemble's
 coordinator work, not framework overhead; it is printed separately (``agg``).
 
-**Bytes.** n = number of float entries the pseudo-gradient payload carries (the global state
-dict: parameters plus persistent float buffers; both counts are printed). The codec predicts
+**Bytes.** n = number of float entries the pseudo-gradient payload carries (the trainable
+parameters; fixed buffers such as the input standardisation are sent downlink only). The codec predicts
 4n bytes per participant for fp32 and n + 4 for int8 (``federation.quantize_int8=true``). Two
 definitions of "bytes per round" are printed, each measured against its prediction:
 
@@ -165,7 +165,8 @@ def report_overhead(engine: str, rounds: list[dict]) -> tuple[float, float | Non
     return med, (statistics.median(seq_shares) if seq else None)
 
 
-def report_bytes(engine: str, codec: str, rounds: list[dict], *, c: int, n: int, probe_bytes: int) -> None:
+def report_bytes(engine: str, codec: str, rounds: list[dict], *, c: int, n: int, n_global: int,
+                 probe_bytes: int) -> None:
     delta_pred = 4 * n if codec == "fp32" else n + 4
     print(f"\n[{engine} {codec}] bytes per round: measured vs predicted (relative difference)")
     up_diffs, both_diffs = [], []
@@ -180,7 +181,7 @@ def report_bytes(engine: str, codec: str, rounds: list[dict], *, c: int, n: int,
         up, probe_up = sum(r["delta_bytes"]), sum(r["probe_bytes"])
         up_pred = len(r["delta_bytes"]) * delta_pred
         down = comm - up - probe_up  # what the ServerApp counted as sent: the global arrays per node
-        both_pred = c * (4 * n + delta_pred + probe_bytes)
+        both_pred = c * (4 * n_global + delta_pred + probe_bytes)
         up_diffs.append((up - up_pred) / up_pred)
         both_diffs.append((comm - both_pred) / both_pred)
         print(f"  round {r['round']}: uplink delta {up:,} B vs {up_pred:,} B ({pct(up_diffs[-1])}) | "
@@ -214,7 +215,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from lensemble.config import load_config
-    from lensemble.model import build_world_model, count_parameters
+    from lensemble.federation.roles import federated_keys
+    from lensemble.model import build_world_model
     from lensemble.training.warmstart import train_warmstart
 
     work = Path(args.workdir)
@@ -235,14 +237,18 @@ def main() -> int:
     cfg = load_config(base)
 
     model = build_world_model(cfg.model, init_seed=0)
-    n = sum(v.numel() for v in model.state_dict().values() if v.is_floating_point())
+    # Uplink: only the federated (trainable) parameters travel as a pseudo-gradient; downlink: the
+    # whole global state, fixed input-standardisation buffers included.
+    keys = federated_keys(cfg)
+    n = sum(v.numel() for k, v in model.state_dict().items() if k in keys)
+    n_global = sum(v.numel() for v in model.state_dict().values() if v.is_floating_point())
     c, p, d = cfg.data.num_silos, cfg.data.probe_frames, cfg.model.latent_dim
     m, tr = cfg.model, cfg.train
     print(f"{'micro' if args.small else 'CPU preset'}: {m.img_size}px, embed {m.embed_dim}, depth {m.depth}, "
           f"d {d}; batch {tr.batch_size}, S {cfg.objective.sigreg_directions}; C={c} participants, "
           f"{rounds} rounds x H={inner} inner steps; |P|={p}", flush=True)
-    print(f"n = {n:,} floats in the payload ({count_parameters(model):,} parameters + "
-          f"{n - count_parameters(model):,} persistent float buffers); predicted per participant: "
+    print(f"n = {n:,} federated floats in the payload (of {n_global:,} in the global state: "
+          f"{n_global - n:,} fixed buffers travel downlink only); predicted per participant: "
           f"fp32 4n = {4 * n:,} B, int8 n+4 = {n + 4:,} B; probe embeddings 4|P|d = {4 * p * d:,} B",
           flush=True)
 
@@ -264,7 +270,7 @@ def main() -> int:
             results[(engine, "int8")] = probe.take()
 
     for (engine, codec), rs in results.items():
-        report_bytes(engine, codec, rs, c=c, n=n, probe_bytes=4 * p * d)
+        report_bytes(engine, codec, rs, c=c, n=n, n_global=n_global, probe_bytes=4 * p * d)
 
     print("\nsummary")
     for engine, (share, seq) in shares.items():

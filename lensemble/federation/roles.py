@@ -42,7 +42,7 @@ from lensemble.gauge.backstop import align_and_redifference
 from lensemble.gauge.distill import aligned_consensus, distill_encoder
 from lensemble.gauge.drift import drift_magnitudes, frame_drift
 from lensemble.model.objective import sketch_for_round, sketch_for_step
-from lensemble.model.world_model import WorldModel, architecture, world_model_from_state
+from lensemble.model.world_model import WorldModel, architecture, build_world_model, world_model_from_state
 from lensemble.observability.metrics import MetricsSink
 from lensemble.training.datasets import ensure_data
 from lensemble.training.loop import InnerLoop
@@ -115,6 +115,30 @@ def _probe_frames(folder: str, expected_hash: str) -> torch.Tensor:
     summary = json.loads((Path(folder) / "collection.json").read_text())
     probe = load_probe(Path(folder) / summary["probe"]["path"], expected_hash=expected_hash)
     return probe.tensor()
+
+
+def federated_keys(cfg: LensembleConfig) -> frozenset[str]:
+    return _federated_keys(cfg.model)
+
+
+@lru_cache(maxsize=8)
+def _federated_keys(model_cfg) -> frozenset[str]:
+    """Names of the tensors that are federated: the trainable parameters.
+
+    Fixed tensors (the encoder's input-standardisation buffers; the whole encoder under Fork A)
+    are carried unchanged and never enter a pseudo-gradient, so DP noise or the outer momentum
+    can never move them.
+    """
+    model = build_world_model(model_cfg)
+    if model_cfg.encoder_frozen:
+        for p in model.encoder.parameters():
+            p.requires_grad_(False)
+    return frozenset(n for n, p in model.named_parameters() if p.requires_grad)
+
+
+def split_state(state: dict[str, torch.Tensor], keys: frozenset[str]) -> tuple[dict, dict]:
+    """(federated part, fixed part) of a full state dict."""
+    return ({k: v for k, v in state.items() if k in keys}, {k: v for k, v in state.items() if k not in keys})
 
 
 def round_sketch_fn(cfg: LensembleConfig, t: int, site: str):
@@ -200,6 +224,8 @@ def participant_round(cfg: LensembleConfig, node: NodeSpec, global_arrays: dict[
             metrics["gauge/backstop_skipped"] = 1
     if delta is None:
         delta = pseudo_gradient(local_sd, global_sd)
+    keys = federated_keys(cfg)
+    delta = {k: v for k, v in delta.items() if k in keys}
 
     priv = cfg.privacy
     if priv.enabled:
@@ -283,10 +309,12 @@ class Coordinator:
         committed = sorted(p for p in (self.run_dir / "rounds").glob("round-*")
                            if (p / "model" / "header.json").exists() and (p / "state" / "header.json").exists())
         cfgh = self.cfg.config_hash()
+        self.keys = federated_keys(self.cfg)
         if not committed:
             self.next_round = 0
             self.head_hash = self.warmstart_hash
-            self.outer = self._outer(warm_tensors)
+            params, self.fixed = split_state(warm_tensors, self.keys)
+            self.outer = self._outer(params)
             return
         last = committed[-1]
         model = load_checkpoint(last / "model")
@@ -294,7 +322,8 @@ class Coordinator:
         if model.header["config_hash"] != cfgh:
             raise ConfigError(f"{self.run_dir} holds rounds of a different config",
                               remediation="use a new run folder or the original overrides")
-        self.outer = self._outer(model.tensors)
+        params, self.fixed = split_state(model.tensors, self.keys)
+        self.outer = self._outer(params)
         self.outer.load_state_dict({**state.header["extra"]["outer"],
                                     "velocity": {k[len("velocity."):]: v for k, v in state.tensors.items()}})
         if self.ledger is not None and state.header["extra"].get("ledger"):
@@ -313,7 +342,11 @@ class Coordinator:
         return self.next_round >= self.num_rounds
 
     def global_arrays(self) -> dict[str, np.ndarray]:
-        return to_arrays(self.outer.params)
+        return to_arrays(self.global_state())
+
+    def global_state(self) -> dict[str, torch.Tensor]:
+        """The full global model: federated parameters plus the fixed tensors."""
+        return {**self.fixed, **self.outer.params}
 
     def round_config(self, t: int) -> dict:
         if self.ledger is not None:
@@ -339,7 +372,7 @@ class Coordinator:
         self.outer.commit(mean, expected=new_params)
         accepted = sorted(result.accepted)
 
-        model = world_model_from_state(architecture(self.cfg.model), self.outer.params)
+        model = world_model_from_state(architecture(self.cfg.model), self.global_state())
         metrics: dict = {}
         consensus = None
         if self.cfg.gauge.distill:
@@ -353,7 +386,7 @@ class Coordinator:
             res = distill_encoder(model.encoder, self.probe, consensus.float(), steps=self.cfg.gauge.distill_steps,
                                   lr=self.cfg.gauge.distill_lr, seed=derive(self.cfg.root_seed, "distill", t))
             model.encoder.load_state_dict(res.state_dict)
-            params = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            params, _ = split_state({k: v.detach().clone() for k, v in model.state_dict().items()}, self.keys)
             velocity = self.outer.state_dict()
             self.outer = self._outer(params)
             self.outer.load_state_dict(velocity)
@@ -413,7 +446,7 @@ class Coordinator:
         folder = self._round_dir(t)
         arch = architecture(self.cfg.model)
         cfgh = self.cfg.config_hash()
-        model_hash = save_checkpoint(folder / "model", self.outer.params, kind="world_model", round_index=t,
+        model_hash = save_checkpoint(folder / "model", self.global_state(), kind="world_model", round_index=t,
                                      parent_hash=self.head_hash, config_hash=cfgh, architecture=arch,
                                      extra={"probe_hash": self.probe_hash, "warmstart_hash": self.warmstart_hash,
                                             "rung": self.cfg.gauge.rung})

@@ -90,6 +90,14 @@ def test_dp_budget_stops_before_release(shared, tmp_path):
     # the first round fit the budget and was committed with its epsilon
     rows = [json.loads(x) for x in (tmp_path / "dp" / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["dp/epsilon"] == pytest.approx(2.17, abs=0.01) and len(rows) == 1
+    # fixed tensors (input standardisation) are never federated, so DP noise cannot move them
+    import torch
+
+    warm = load_checkpoint(cfg.federation.warmstart)
+    r0 = load_checkpoint(tmp_path / "dp" / "rounds" / "round-0000" / "model")
+    for key in ("encoder.pixel_mean", "encoder.pixel_std"):
+        assert torch.equal(r0.tensors[key], warm.tensors[key])
+    assert not torch.equal(r0.tensors["encoder.frame.weight"], warm.tensors["encoder.frame.weight"])
 
 
 def test_int8_quantised_updates(shared, tmp_path):
