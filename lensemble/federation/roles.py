@@ -118,18 +118,18 @@ def _probe_frames(folder: str, expected_hash: str) -> torch.Tensor:
 
 
 def federated_keys(cfg: LensembleConfig) -> frozenset[str]:
-    return _federated_keys(cfg.model)
-
-
-@lru_cache(maxsize=8)
-def _federated_keys(model_cfg) -> frozenset[str]:
     """Names of the tensors that are federated: the trainable parameters.
 
     Fixed tensors (the encoder's input-standardisation buffers; the whole encoder under Fork A)
     are carried unchanged and never enter a pseudo-gradient, so DP noise or the outer momentum
     can never move them.
     """
-    model = build_world_model(model_cfg)
+    return _federated_keys(cfg.model)
+
+
+@lru_cache(maxsize=8)
+def _federated_keys(model_cfg) -> frozenset[str]:
+    model = build_world_model(model_cfg, init_seed=0)  # seeded: leaves the global RNG untouched
     if model_cfg.encoder_frozen:
         for p in model.encoder.parameters():
             p.requires_grad_(False)
