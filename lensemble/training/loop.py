@@ -33,6 +33,7 @@ class InnerLoop:
         self.sampler = sampler
         self.objective = JEPAObjective(cfg.objective, anchor=anchor, lambda_anc=cfg.gauge.lambda_anc)
         params = model.trainable_parameters()
+        self._params = params  # fixed for the loop's life; clipping reuses it every step
         if not params:
             raise ValueError("the model has no trainable parameters")
         self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
@@ -52,7 +53,7 @@ class InnerLoop:
         terms = self.objective(self.model, batch.obs, batch.actions, sketch)
         self.optimizer.zero_grad(set_to_none=True)
         terms.total.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.trainable_parameters(), self.cfg.train.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.cfg.train.grad_clip)
         self.optimizer.step()
         self.steps_done += 1
         return terms, float(grad_norm)

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from tiny_model import D, tiny_cfg
 
 from lensemble.config.schema import ModelConfig
 from lensemble.errors import ArtifactError
@@ -14,18 +15,6 @@ from lensemble.model import (
     rotate_latent_basis_,
     world_model_from_state,
 )
-
-D = 16
-
-
-def tiny_cfg(**kw) -> ModelConfig:
-    base = dict(
-        img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2, latent_dim=D,
-        projector_hidden=32, predictor_width=32, predictor_depth=1, predictor_heads=2,
-        history=3, action_dim=2, action_block=2, action_embed_dim=8,
-    )
-    base.update(kw)
-    return ModelConfig(**base)
 
 
 def frames(n, size=16, seed=0):
@@ -128,7 +117,6 @@ def test_rotation_reparametrises_encoder_exactly():
 def test_input_normalization_fits_public_frames():
     import torch
 
-    from lensemble.config.schema import ModelConfig
     from lensemble.model.world_model import build_world_model
 
     cfg = ModelConfig(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2, latent_dim=8,

@@ -4,8 +4,9 @@ import math
 
 import pytest
 import torch
+from tiny_model import D, tiny_cfg
 
-from lensemble.config.schema import ModelConfig, ObjectiveConfig
+from lensemble.config.schema import ObjectiveConfig
 from lensemble.config.seeds import torch_generator
 from lensemble.model import (
     JEPAObjective,
@@ -16,18 +17,6 @@ from lensemble.model import (
     sketch_for_round,
     sketch_for_step,
 )
-
-D = 16
-
-
-def tiny_cfg(**kw) -> ModelConfig:
-    base = dict(
-        img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2, latent_dim=D,
-        projector_hidden=32, predictor_width=32, predictor_depth=1, predictor_heads=2,
-        history=3, action_dim=2, action_block=2, action_embed_dim=8,
-    )
-    base.update(kw)
-    return ModelConfig(**base)
 
 
 def clips(b=3, k=4, seed=0):
