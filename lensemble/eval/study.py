@@ -874,7 +874,7 @@ def _execute(spec, plan, todo, n_done, study_dir, scratch_dir, *, progress, keep
             return executed, failed
 
         rest = [r for r in todo if r.kind != "warmstart"]
-        # Everything two workers could race on is made here first: warm starts and data folders.
+        # The warm starts every worker reads are made here first, serially.
         warm = {}
         for rid in sorted({plan.warmstart[r.seed] for r in rest}):
             summary, error, _ = guarded(plan.runs[rid], lambda rid=rid: runner.warmstart_checkpoint(rid))
@@ -884,40 +884,55 @@ def _execute(spec, plan, todo, n_done, study_dir, scratch_dir, *, progress, keep
         for r in rest:
             if r not in ready:
                 finished(r, None, f"warm start {plan.warmstart[r.seed]} failed", 0.0, 0)
-        _prepare_data(ready, plan.configs, progress)
         import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
         ctx = multiprocessing.get_context("spawn")
         payload = {"spec": spec.model_dump(mode="json"), "warmstart": {str(k): v for k, v in plan.warmstart.items()},
                    "warm": warm, "study_dir": str(study_dir), "scratch": str(scratch_dir)}
+        # A sliding window of `jobs` runs in flight, in plan order (the ladder before the sweeps). The
+        # parent collects a run's data just before submitting it, so two workers never race on one data
+        # folder, and a study stopped early has not spent CPU collecting data for runs it never reached.
+        queue = list(ready)
+        seen_data: set = set()
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init) as pool:
-            futures = {pool.submit(_worker_run, payload, asdict(r)): r for r in ready}
-            remaining = len(ready)
+            in_flight: dict = {}
+
+            def submit_next() -> None:
+                while queue and len(in_flight) < jobs:
+                    run = queue.pop(0)
+                    _prepare_data([run], plan.configs, progress, seen_data)
+                    in_flight[pool.submit(_worker_run, payload, asdict(run))] = run
+
             try:
-                for fut in as_completed(futures):
-                    run = futures[fut]
-                    remaining -= 1
-                    status, data, secs = fut.result()
-                    if status == "ok":
-                        finished(run, data, None, secs, remaining)
-                    elif status == "fail-closed" or not keep_going:
-                        raise _rebuild_error(data)
-                    else:
-                        finished(run, None, _record_failure(study_dir, run, None, text=data["text"],
-                                                            tb=data["traceback"]), secs, remaining)
+                submit_next()
+                while in_flight:
+                    finished_now, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
+                    for fut in finished_now:
+                        run = in_flight.pop(fut)
+                        status, data, secs = fut.result()
+                        remaining = len(queue) + len(in_flight)
+                        if status == "ok":
+                            finished(run, data, None, secs, remaining)
+                        elif status == "fail-closed" or not keep_going:
+                            raise _rebuild_error(data)
+                        else:
+                            finished(run, None, _record_failure(study_dir, run, None, text=data["text"],
+                                                                tb=data["traceback"]), secs, remaining)
+                    submit_next()
             except BaseException:
-                for f in futures:
+                for f in in_flight:
                     f.cancel()
                 raise
     return executed, failed
 
 
-def _prepare_data(runs: list[PlannedRun], configs: dict, progress: bool) -> None:
+def _prepare_data(runs: list[PlannedRun], configs: dict, progress: bool, seen: set | None = None) -> None:
+    """Collect (or verify) the data folder of each run once; ``seen`` carries the folders done."""
     from lensemble.config import load_config
     from lensemble.training.datasets import data_dir, ensure_data
 
-    seen = set()
+    seen = set() if seen is None else seen
     for r in runs:
         cfg = configs.get(r.run_id) or load_config(r.overrides)
         folder = data_dir(cfg)
