@@ -9,18 +9,23 @@ phases of Q_ab, and the relative fit residual. The baseline is what one would wr
     .venv/bin/python benchmarks/bench_frame_drift.py --small    # C=8,  d=64,  |P|=256
     .venv/bin/python benchmarks/bench_frame_drift.py --threads 2
 
-Both sides get the same thread budget (--threads, default 1), set before numpy/torch load.
-frame_drift always computes on CPU (see its docstring), so there is no device option. The sides
-run interleaved (ABBA), --reps times each (default 3); the script prints every repetition, the
-medians and their ratio, and checks that the batched report is bitwise identical across
-repetitions and agrees with the loop to 1e-6.
+Both sides get the same core budget (--threads, default 1). frame_drift measures chunks of pairs
+on that many threads, one torch thread each (its d x d decompositions are too small for LAPACK to
+use several threads well). The loop is given its faster setting within the same budget: with
+--threads N > 1, a calibration on the first 48 pairs times it with 1 and with N BLAS threads
+(threadpoolctl) and the full loop runs with the faster one (multi-threaded OpenBLAS is several
+times slower on 192 x 192 problems on a 2-core host, which would flatter the batched side). The
+sides run interleaved (ABBA), --reps times each (default 3); the script prints every repetition,
+the medians and their ratio, and checks that the batched report is bitwise identical across
+repetitions and agrees with the loop to 1e-6. frame_drift always computes on CPU.
 
-Measured on the shared 2-core x86 host under load (load average 3-6), --threads 1, full size,
-in two runs: batched 33.7 s / 36.6 s, loop 107.1 s / 109.8 s, that is 3.18x / 3.00x (medians
-of 3). The largest differences were 3.6e-11 deg on the angle, 5.3e-14 on ||Q-I||_F and 6.6e-15 on
-the fit residual. The previous SVD-based frame_drift measured 2.27x on an idle 16-core host
-(26.3 s vs 59.7 s) and 1.8x on the loaded 2-core host. It took 46.5 s on the H200 GPU, hence
-CPU only.
+Measured on the shared 2-core x86 host, full size (C=64, d=192, |P|=1024, 2016 pairs):
+  --threads 1 (under load, load average 3-6, two runs): batched 33.7 s / 36.6 s, loop 107.1 s /
+  109.8 s: 3.18x / 3.00x. Largest differences 3.6e-11 deg (angle), 5.3e-14 (||Q-I||_F), 6.6e-15
+  (fit residual).
+  --threads 2: see docs/gauge.md (section 4, benchmark table) for the current figures.
+The previous SVD-based frame_drift measured 2.27x on an idle 16-core host (26.3 s vs 59.7 s) and
+1.8x on the loaded 2-core host. It took 46.5 s on the H200 GPU, hence CPU only.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--participants", "-C", type=int, default=None)
     p.add_argument("--dim", "-d", type=int, default=None)
     p.add_argument("--probe", "-P", type=int, default=None)
-    p.add_argument("--threads", type=int, default=1, help="BLAS/LAPACK threads for both sides")
+    p.add_argument("--threads", type=int, default=1, help="core budget of each side (frame_drift workers; the loop gets its faster BLAS thread count <= this)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--reps", type=int, default=3, help="repetitions per side, interleaved (ABBA); medians are reported"
@@ -84,9 +89,9 @@ def main() -> int:
     np_emb = {k: v.to(torch.float64).numpy() for k, v in emb.items()}
     eye = np.eye(d)
 
-    def per_pair_loop() -> dict[str, tuple[float, float, float]]:
+    def per_pair_loop(todo) -> dict[str, tuple[float, float, float]]:
         out = {}
-        for a, b in pairs:
+        for a, b in todo:
             src, tgt = np_emb[a], np_emb[b]
             r, _ = scipy.linalg.orthogonal_procrustes(src, tgt)
             phases = np.abs(np.angle(np.linalg.eigvals(r)))
@@ -98,8 +103,29 @@ def main() -> int:
         return out
 
     frame_drift({k: emb[k][: 2 * d] for k in ids[:2]})  # warm up LAPACK and thread pools
+
+    from threadpoolctl import threadpool_limits
+
+    loop_threads = 1
+    if args.threads > 1:
+        # The loop's best setting within the budget: a multi-threaded BLAS can be slower here.
+        calib = pairs[:48]
+        timed = {}
+        for k in (1, args.threads):
+            with threadpool_limits(limits=k):
+                t0 = time.perf_counter()
+                per_pair_loop(calib)
+                timed[k] = time.perf_counter() - t0
+        loop_threads = min(timed, key=timed.get)
+        print("loop calibration on 48 pairs: " + ", ".join(f"{k} BLAS thread(s) {v:.2f} s" for k, v in timed.items())
+              + f" -> the loop runs with {loop_threads}", flush=True)
+
+    def loop_side():
+        with threadpool_limits(limits=loop_threads):
+            return per_pair_loop(pairs)
+
     times: dict[str, list[float]] = {"batched": [], "loop": []}
-    sides = {"batched": lambda: frame_drift(emb), "loop": per_pair_loop}
+    sides = {"batched": lambda: frame_drift(emb, workers=args.threads), "loop": loop_side}
     results = {}
     batched_json: set[str] = set()
     for rep in range(max(1, args.reps)):

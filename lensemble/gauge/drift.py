@@ -347,6 +347,39 @@ def _measure(
     return frob, angle, fit.expand_as(frob), refl
 
 
+_Chunk = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[str]]
+"""(sources, targets, source_sq, target_sq, labels): the arguments of one :func:`_measure` call."""
+
+
+def _measure_chunks(
+    tasks: list[_Chunk], singular_floor: float, workers: int
+) -> list[tuple[list[float], list[float], list[float], list[bool]]]:
+    """:func:`_measure` every chunk, ``workers`` chunks at a time; results in task order.
+
+    The decompositions are d x d (d ~ 10^2): too small for LAPACK to use several threads well, so
+    the threads go to whole chunks instead, each running with one torch thread. Every chunk
+    therefore runs the same single-threaded kernels whatever ``workers`` is, which keeps the
+    report bitwise identical across thread counts. An error (e.g. DegenerateProcrustes) surfaces
+    from the first failing chunk in task order, as in a serial loop.
+    """
+    def one(task: _Chunk):
+        fr, an, ft, rf = _measure(*task[:4], task[4], singular_floor)
+        return fr.tolist(), an.tolist(), ft.tolist(), rf.tolist()
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        if workers <= 1 or len(tasks) <= 1:
+            return [one(t) for t in tasks]
+        from concurrent.futures import ThreadPoolExecutor
+
+        # torch releases the GIL inside its kernels, so plain threads run chunks in parallel.
+        with ThreadPoolExecutor(max_workers=min(workers, len(tasks))) as pool:
+            return list(pool.map(one, tasks))
+    finally:
+        torch.set_num_threads(previous)
+
+
 def frame_drift(
     embeddings: Mapping[str, torch.Tensor],
     *,
@@ -356,6 +389,7 @@ def frame_drift(
     max_pairs: int | None = None,
     seed: int = 0,
     singular_floor: float = 1e-6,
+    workers: int | None = None,
 ) -> FrameDriftReport:
     """Pairwise frame drift between participants (and against the global model) on a probe.
 
@@ -371,6 +405,8 @@ def frame_drift(
             ``max_pairs`` pairs (derived from ``seed``; the same pairs every round).
         seed: root seed for the pair sample.
         singular_floor: relative singular-value floor of every Procrustes problem.
+        workers: chunks of pairs measured concurrently, one torch thread each (default: the
+            process's torch thread count, ``torch.get_num_threads()``). Does not change the result.
 
     Returns:
         FrameDriftReport. Bitwise identical for identical inputs (ids are sorted, the pair
@@ -386,7 +422,8 @@ def frame_drift(
     symmetric eigenvalue solve (of (Q + Qᵀ)/2), an LU (the reflection sign) and three d x d GEMMs
     per pair, all batched (the only Python loops run over participants and chunks, never over
     pairs); pairs that are ill-conditioned or turned by nearly π in some plane also take the SVD
-    path (see the module docstring). Computed on CPU in float64 whatever the input device.
+    path (see the module docstring). Computed on CPU in float64 whatever the input device. Chunks
+    of up to 32 pairs run ``workers`` at a time on threads (see :func:`_measure_chunks`).
     """
     if expected_probe_hash is not None and probe_hash != expected_probe_hash:
         raise ProbeError(
@@ -399,6 +436,10 @@ def frame_drift(
         isinstance(max_pairs, bool) or not isinstance(max_pairs, int) or max_pairs < 1
     ):
         raise ConfigError(f"max_pairs must be a positive int or None, got {max_pairs!r}")
+    if workers is None:
+        workers = torch.get_num_threads()
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers must be a positive int or None, got {workers!r}")
     if not isinstance(embeddings, Mapping) or len(embeddings) == 0:
         raise GaugeError("embeddings must be a non-empty mapping id -> (n, d) tensor")
     for key in embeddings:
@@ -435,6 +476,7 @@ def frame_drift(
         groups.setdefault(i, []).append(j)
     # Squared norms once per participant (the fit residual needs them for every pair).
     sq_norms = (stacked * stacked).sum(dim=(-2, -1))
+    pair_tasks: list[_Chunk] = []
     for i in sorted(groups):
         partners = groups[i]
         for start in range(0, len(partners), _CHUNK):
@@ -446,33 +488,35 @@ def frame_drift(
             else:
                 index = torch.tensor(js, dtype=torch.long, device=stacked.device)
                 targets, target_sq = stacked[index], sq_norms[index]
-            fr, an, ft, rf = _measure(
-                stacked[i].unsqueeze(0), targets, sq_norms[i : i + 1], target_sq, labels, singular_floor
-            )
-            fr, an, ft, rf = fr.tolist(), an.tolist(), ft.tolist(), rf.tolist()
-            for b, label in enumerate(labels):
-                residual[label], angle[label], fit[label] = fr[b], an[b], ft[b]
-                if rf[b]:
-                    reflected.append(label)
+            pair_tasks.append((stacked[i].unsqueeze(0), targets, sq_norms[i : i + 1], target_sq, labels))
 
-    from_global: dict[str, DriftToGlobal] = {}
+    global_tasks: list[_Chunk] = []
     if GLOBAL_KEY in mats and ids:
         g = mats[GLOBAL_KEY].unsqueeze(0)
         g_sq = (g * g).sum(dim=(-2, -1))
         for start in range(0, len(ids), _CHUNK):
-            chunk_ids = ids[start : start + _CHUNK]
-            labels = [pair_key(k, GLOBAL_KEY) for k in chunk_ids]
-            stop = start + len(chunk_ids)
-            fr, an, ft, rf = _measure(
-                stacked[start:stop], g, sq_norms[start:stop], g_sq, labels, singular_floor
+            stop = start + len(ids[start : start + _CHUNK])
+            labels = [pair_key(k, GLOBAL_KEY) for k in ids[start:stop]]
+            global_tasks.append((stacked[start:stop], g, sq_norms[start:stop], g_sq, labels))
+
+    measured = _measure_chunks(pair_tasks + global_tasks, singular_floor, workers)
+
+    residual: dict[str, float] = {}
+    angle: dict[str, float] = {}
+    fit: dict[str, float] = {}
+    reflected: list[str] = []
+    for task, (fr, an, ft, rf) in zip(pair_tasks, measured[: len(pair_tasks)], strict=True):
+        for b, label in enumerate(task[4]):
+            residual[label], angle[label], fit[label] = fr[b], an[b], ft[b]
+            if rf[b]:
+                reflected.append(label)
+
+    from_global: dict[str, DriftToGlobal] = {}
+    for task, (fr, an, ft, rf) in zip(global_tasks, measured[len(pair_tasks) :], strict=True):
+        for b, label in enumerate(task[4]):
+            from_global[label.split(PAIR_SEP)[0]] = DriftToGlobal(
+                residual=fr[b], angle_deg=an[b], fit_residual=ft[b], reflection=bool(rf[b])
             )
-            for b, k in enumerate(chunk_ids):
-                from_global[k] = DriftToGlobal(
-                    residual=float(fr[b]),
-                    angle_deg=float(an[b]),
-                    fit_residual=float(ft[b]),
-                    reflection=bool(rf[b]),
-                )
 
     pair_labels = sorted(residual)
     return FrameDriftReport(

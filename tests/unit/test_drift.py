@@ -148,6 +148,29 @@ def test_frame_drift_is_bitwise_deterministic_and_round_trips():
     assert again.model_dump_json() == a.model_dump_json()
 
 
+def test_frame_drift_workers_do_not_change_the_report():
+    # 40 participants -> 780 pairs in 40+ chunks of <= 32, plus two global chunks: enough chunks
+    # that two workers really interleave. The report must not depend on how many ran at once,
+    # nor on the caller's torch thread count (restored afterwards).
+    emb = {f"s{i:02d}": _cloud(24, 6, i) @ _orthogonal(6, 200 + i) for i in range(40)}
+    emb["global"] = _cloud(24, 6, 0)
+    before = torch.get_num_threads()
+    serial = frame_drift(emb, workers=1).model_dump_json()
+    assert frame_drift(emb, workers=2).model_dump_json() == serial
+    assert frame_drift(emb, workers=3).model_dump_json() == serial
+    assert torch.get_num_threads() == before
+    # The first failing chunk in pair order is the one reported, as in a serial loop.
+    bad = dict(emb)
+    for key in ("s05", "s30"):
+        bad[key] = bad[key].clone()
+        bad[key][:, 2] = 0.0
+    with pytest.raises(DegenerateProcrustes) as info:
+        frame_drift(bad, workers=2)
+    assert info.value.details["pair"] == "s00|s05"
+    with pytest.raises(ConfigError):
+        frame_drift(emb, workers=0)
+
+
 def test_probe_hash_mismatch_is_fail_closed():
     emb, _ = _sites()
     with pytest.raises(ProbeError) as info:
