@@ -347,8 +347,10 @@ def _measure(
     return frob, angle, fit.expand_as(frob), refl
 
 
-_Chunk = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[str]]
-"""(sources, targets, source_sq, target_sq, labels): the arguments of one :func:`_measure` call."""
+_Chunk = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "slice | torch.Tensor", list[str]]
+"""(sources, target pool, source_sq, target pool's sq norms, selection, labels): one
+:func:`_measure` call on ``targets = pool[selection]``. A slice selects a view; an index tensor
+(sampled pairs) is gathered only when the chunk runs, so at most ``workers`` copies exist at once."""
 
 
 def _measure_chunks(
@@ -363,7 +365,8 @@ def _measure_chunks(
     from the first failing chunk in task order, as in a serial loop.
     """
     def one(task: _Chunk):
-        fr, an, ft, rf = _measure(*task[:4], task[4], singular_floor)
+        sources, pool, source_sq, pool_sq, sel, labels = task
+        fr, an, ft, rf = _measure(sources, pool[sel], source_sq, pool_sq[sel], labels, singular_floor)
         return fr.tolist(), an.tolist(), ft.tolist(), rf.tolist()
 
     previous = torch.get_num_threads()
@@ -483,12 +486,10 @@ def frame_drift(
             js = partners[start : start + _CHUNK]
             labels = [pair_key(ids[i], ids[j]) for j in js]
             if js[-1] - js[0] == len(js) - 1:  # consecutive partners (no sampling): a view, no copy
-                targets = stacked[js[0] : js[-1] + 1]
-                target_sq = sq_norms[js[0] : js[-1] + 1]
+                sel: slice | torch.Tensor = slice(js[0], js[-1] + 1)
             else:
-                index = torch.tensor(js, dtype=torch.long, device=stacked.device)
-                targets, target_sq = stacked[index], sq_norms[index]
-            pair_tasks.append((stacked[i].unsqueeze(0), targets, sq_norms[i : i + 1], target_sq, labels))
+                sel = torch.tensor(js, dtype=torch.long, device=stacked.device)
+            pair_tasks.append((stacked[i].unsqueeze(0), stacked, sq_norms[i : i + 1], sq_norms, sel, labels))
 
     global_tasks: list[_Chunk] = []
     if GLOBAL_KEY in mats and ids:
@@ -497,7 +498,7 @@ def frame_drift(
         for start in range(0, len(ids), _CHUNK):
             stop = start + len(ids[start : start + _CHUNK])
             labels = [pair_key(k, GLOBAL_KEY) for k in ids[start:stop]]
-            global_tasks.append((stacked[start:stop], g, sq_norms[start:stop], g_sq, labels))
+            global_tasks.append((stacked[start:stop], g, sq_norms[start:stop], g_sq, slice(None), labels))
 
     measured = _measure_chunks(pair_tasks + global_tasks, singular_floor, workers)
 
@@ -506,14 +507,14 @@ def frame_drift(
     fit: dict[str, float] = {}
     reflected: list[str] = []
     for task, (fr, an, ft, rf) in zip(pair_tasks, measured[: len(pair_tasks)], strict=True):
-        for b, label in enumerate(task[4]):
+        for b, label in enumerate(task[-1]):
             residual[label], angle[label], fit[label] = fr[b], an[b], ft[b]
             if rf[b]:
                 reflected.append(label)
 
     from_global: dict[str, DriftToGlobal] = {}
     for task, (fr, an, ft, rf) in zip(global_tasks, measured[len(pair_tasks) :], strict=True):
-        for b, label in enumerate(task[4]):
+        for b, label in enumerate(task[-1]):
             from_global[label.split(PAIR_SEP)[0]] = DriftToGlobal(
                 residual=fr[b], angle_deg=an[b], fit_residual=ft[b], reflection=bool(rf[b])
             )
