@@ -384,8 +384,9 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
         "sweeps": sweeps,
         "cost": _cost(summaries),
         "hashes": {rid: {k: s.get(k) for k in ("config_hash", "manifest_hash", "checkpoint_hash",
-                                                "warmstart_hash", "probe_hash")}
+                                                "warmstart_hash", "probe_hash", "git_sha")}
                    for rid, s in sorted(summaries.items())},
+        "provenance": _provenance(summaries),
     }
     for c in out["claims"]:
         assert c["label"] in LABELS
@@ -417,6 +418,21 @@ def _rho_cell(cell_vals: dict, anchored: str, *, threshold: float, alpha: float,
 def _claim_reason(label: str, rows: list[dict]) -> str:
     parts = [f"{r['id']}: {r['label']} ({r.get('reason', '')})" for r in rows]
     return "; ".join(parts)
+
+
+def _provenance(summaries: dict) -> dict:
+    """What every finished run shares: code commits, warm starts and probes, each with its run count."""
+    def count(key: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in summaries.values():
+            if s.get("kind") == "warmstart" and key == "warmstart_hash":
+                continue  # the warm start's own parent is the random init
+            v = s.get(key) or "not recorded"
+            out[v] = out.get(v, 0) + 1
+        return dict(sorted(out.items()))
+
+    return {"git_sha": count("git_sha"), "warmstart_hash": count("warmstart_hash"),
+            "probe_hash": count("probe_hash")}
 
 
 def _cost(summaries: dict) -> dict:

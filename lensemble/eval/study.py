@@ -574,6 +574,14 @@ def load_failures(study_dir: str | Path) -> dict[str, dict]:
             for p in sorted((Path(study_dir) / "runs").glob("*.failed.json"))}
 
 
+def _manifest_git_sha(run_dir: Path) -> str | None:
+    """The code commit a run recorded in its manifest (``+dirty`` when tracked files had changed)."""
+    path = Path(run_dir) / "manifest.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text()).get("git_sha")
+
+
 # ================================================================================== execution
 class _Runner:
     """Executes planned runs into scratch folders and writes their summaries."""
@@ -631,6 +639,7 @@ class _Runner:
             cfg = load_config(run.overrides + [f"run_dir={rd}"])
             res = train_warmstart(cfg, run_dir=rd, progress=False)
             summary.update(self._single_fields(cfg, res, rd))
+            summary["git_sha"] = _manifest_git_sha(rd)
             summary["seconds"] = {"train": round(time.perf_counter() - started, 2)}
             summary["finished_at"] = _now()
             return summary
@@ -660,6 +669,7 @@ class _Runner:
                           "participant_steps": cfg.federation.rounds * cfg.federation.inner_steps,
                           "participants": cfg.data.num_silos},
             })
+        summary["git_sha"] = _manifest_git_sha(rd)
         seconds["train"] = round(time.perf_counter() - started, 2)
         t_eval = time.perf_counter()
         summary["eval"] = self._evaluate(ckpt, cfg)

@@ -431,7 +431,15 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
               f"lensemble study --name {analysis['study']} --report-only   # rebuild from docs/results alone",
               "```", "",
               "Each `runs/<run_id>.json` holds the run's overrides, config/manifest/checkpoint/warm-start/probe "
-              "hashes, per-round metrics and its EvalReport; `analysis.json` holds every number above.", ""]
+              "hashes, the code commit, per-round metrics and its EvalReport; `analysis.json` holds every number "
+              "above.", ""]
+    prov = analysis.get("provenance") or {}
+    if prov:
+        lines += ["| provenance | value | runs |", "|---|---|---|"]
+        for label, key in (("code commit", "git_sha"), ("warm start", "warmstart_hash"), ("probe", "probe_hash")):
+            for value, n in (prov.get(key) or {}).items():
+                lines.append(f"| {label} | `{value}` | {n} |")
+        lines.append("")
     return "\n".join(lines)
 
 

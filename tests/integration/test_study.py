@@ -69,6 +69,8 @@ def test_full_study_runs_every_planned_run_once(tiny):
     assert len(s["rounds"]) == 2 and "gauge/global_effective_dim" in s["rounds"][-1]
     assert 0.0 <= s["eval"]["success_rate"] <= 1.0 and s["eval"]["n_episodes"] == 2
     assert not list(d.rglob("*.safetensors")) and not list(d.rglob("*.npz"))
+    # The code commit comes from the run's own manifest (40 hex digits, "+dirty" when edited).
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?|unknown", s["git_sha"]), s["git_sha"]
     # Every arm of seed 0 started from the one study-level warm start.
     ws = json.loads((d / "runs" / "warmstart.json").read_text())["checkpoint_hash"]
     for rid in ("anchor-s0", "naive-s1", "central-s0", "local-silo1-s1"):
@@ -107,6 +109,12 @@ def test_report_structure(tiny):
     assert {c["id"]: c["label"] for c in analysis["claims"]} == rows
     assert analysis["status"]["complete"] and analysis["status"]["done"] == tiny["result"].planned
     assert [r["value"] for r in analysis["sweeps"]["severity"]] == ["0.0", "1.0"]
+    # Provenance: one code commit and one warm start for every run, and both named in the report.
+    prov = analysis["provenance"]
+    assert sum(prov["git_sha"].values()) == tiny["result"].planned
+    ws = json.loads((d / "runs" / "warmstart.json").read_text())["checkpoint_hash"]
+    assert prov["warmstart_hash"] == {ws: tiny["result"].planned - 1}
+    assert f"| warm start | `{ws}` |" in md and "| code commit |" in md
 
 
 def test_rerun_skips_finished_runs_and_resumes_missing_ones(tiny, monkeypatch):
