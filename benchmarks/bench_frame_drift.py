@@ -23,7 +23,8 @@ Measured on the shared 2-core x86 host, full size (C=64, d=192, |P|=1024, 2016 p
   --threads 1 (under load, load average 3-6, two runs): batched 33.7 s / 36.6 s, loop 107.1 s /
   109.8 s: 3.18x / 3.00x. Largest differences 3.6e-11 deg (angle), 5.3e-14 (||Q-I||_F), 6.6e-15
   (fit residual).
-  --threads 2: see docs/gauge.md (section 4, benchmark table) for the current figures.
+  --threads 2 (study paused): batched 11.74 s, loop 69.65 s (1 BLAS thread: calibration 1.49 s vs
+  4.53 s with 2): 5.93x (per rep 6.49, 4.96, 5.93); largest difference 2.5e-11 deg (angle).
 The previous SVD-based frame_drift measured 2.27x on an idle 16-core host (26.3 s vs 59.7 s) and
 1.8x on the loaded 2-core host. It took 46.5 s on the H200 GPU, hence CPU only.
 """

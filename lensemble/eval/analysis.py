@@ -421,7 +421,7 @@ def _claim_reason(label: str, rows: list[dict]) -> str:
 
 
 def _provenance(summaries: dict) -> dict:
-    """What every finished run shares: code commits, warm starts and probes, each with its run count."""
+    """The code commits, warm starts and probes of the finished runs, each with its run count."""
     def count(key: str) -> dict[str, int]:
         out: dict[str, int] = {}
         for s in summaries.values():
