@@ -911,7 +911,7 @@ def _execute(spec, plan, todo, n_done, study_dir, scratch_dir, *, progress, keep
             def submit_next() -> None:
                 while queue and len(in_flight) < jobs:
                     run = queue.pop(0)
-                    _prepare_data([run], plan.configs, progress, seen_data)
+                    _prepare_data(run, plan.configs, seen_data)
                     in_flight[pool.submit(_worker_run, payload, asdict(run))] = run
 
             try:
@@ -937,18 +937,16 @@ def _execute(spec, plan, todo, n_done, study_dir, scratch_dir, *, progress, keep
     return executed, failed
 
 
-def _prepare_data(runs: list[PlannedRun], configs: dict, progress: bool, seen: set | None = None) -> None:
-    """Collect (or verify) the data folder of each run once; ``seen`` carries the folders done."""
+def _prepare_data(run: PlannedRun, configs: dict, seen: set) -> None:
+    """Collect (or verify) ``run``'s data folder unless ``seen`` already holds it; then add it."""
     from lensemble.config import load_config
     from lensemble.training.datasets import data_dir, ensure_data
 
-    seen = set() if seen is None else seen
-    for r in runs:
-        cfg = configs.get(r.run_id) or load_config(r.overrides)
-        folder = data_dir(cfg)
-        if folder not in seen:
-            seen.add(folder)
-            ensure_data(cfg, progress=False)
+    cfg = configs.get(run.run_id) or load_config(run.overrides)
+    folder = data_dir(cfg)
+    if folder not in seen:
+        seen.add(folder)
+        ensure_data(cfg, progress=False)
 
 
 def _worker_init() -> None:

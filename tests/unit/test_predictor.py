@@ -2,21 +2,17 @@
 
 import pytest
 import torch
+from tiny_model import D
+from tiny_model import tiny_cfg as _shared_tiny_cfg
 
-from lensemble.config.schema import ModelConfig
 from lensemble.model import build_world_model, rotate_latent_basis_
 
-D, A = 16, 4  # latent dim, action_dim * action_block
+A = 4  # action_dim * action_block
 
 
-def tiny_cfg(**kw) -> ModelConfig:
-    base = dict(
-        img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2, latent_dim=D,
-        projector_hidden=32, predictor_width=32, predictor_depth=2, predictor_heads=2,
-        history=3, action_dim=2, action_block=2, action_embed_dim=8,
-    )
-    base.update(kw)
-    return ModelConfig(**base)
+def tiny_cfg(**kw):
+    # Two predictor blocks: causality and the last-only path are only exercised with depth > 1.
+    return _shared_tiny_cfg(**{"predictor_depth": 2, **kw})
 
 
 def predictor(seed=0, **kw):
