@@ -4,12 +4,16 @@ Every contender drives the same world model through the same episodes (same seed
 and env loop: :func:`lensemble.eval.harness.run_closed_loop`), with equal CEM budgets (samples,
 iterations, top-k, horizon, receding horizon, batch of parallel episodes, threads):
 
-* ``lensemble``      — :class:`~lensemble.eval.mpc.Planner` over ``Predictor.rollout``.
+* ``lensemble``      — :class:`~lensemble.eval.mpc.Planner` over the predictor: the history is
+  ``prepare``d once per plan call and continued for every candidate (``rollout_from``).
 * ``swm+reference``  — ``stable_worldmodel.solver.CEMSolver`` calling ``get_cost`` on
   :class:`SwmCost` in the style of swm's reference world models (LeWM): each rollout step re-runs
-  the predictor over its whole history window and keeps the last output.
-* ``swm+rollout``    — the same solver, ``get_cost`` calling ``Predictor.rollout``: isolates the
-  solver's own overhead from the rollout implementation.
+  the predictor over its whole history window (the predictor's context: W latents for the window
+  kind, depth·(W−1)+1 for the banded kind, so the predictions are the model's own) and keeps the
+  last output.
+* ``swm+rollout``    — the same solver, ``get_cost`` continuing a history ``prepare``d on the
+  first call of each solve (``rollout_from``, as ours does): isolates the solver's own overhead
+  from the rollout implementation.
 
 ``get_cost(info_dict, action_candidates)`` receives every info entry expanded to (B, S, ...) and
 candidates (B, S, H, A·b), and returns (B, S) costs. swm passes the same dict on every iteration
@@ -50,7 +54,7 @@ class SwmCost:
     Info keys the plan function provides (before swm expands them to (B, S, ...)):
     ``z`` (B, T0, d) start history, ``past`` (B, T0-1, A·b) actions between those latents
     (T0-1 may be 0), ``goal_z`` (B, d). ``rollout="reference"`` re-runs the window per step
-    (swm's LeWM idiom); ``"fast"`` uses ``Predictor.rollout``.
+    (swm's LeWM idiom); ``"fast"`` continues a per-environment ``Predictor.prepare`` state.
     """
 
     def __init__(self, model, rollout: str = "reference"):
@@ -68,6 +72,9 @@ class SwmCost:
         past = info["past"]
         info["_past"] = past.reshape(b * s, *past.shape[2:]).contiguous() if past.shape[2] > 0 else None
         info["_goal"] = info["goal_z"][:, 0].contiguous()  # (B, d): identical across samples
+        if self.rollout == "fast":  # the history is identical across samples: prepare it per env
+            info["_state"] = self.model.predictor.prepare(
+                z[:, 0].contiguous(), past[:, 0].contiguous() if past.shape[2] > 0 else None)
 
     def get_cost(self, info_dict: dict, action_candidates: torch.Tensor) -> torch.Tensor:
         if "_z" not in info_dict:
@@ -76,7 +83,7 @@ class SwmCost:
         acts = action_candidates.reshape(b * s, h, a).float()
         pred = self.model.predictor
         if self.rollout == "fast":
-            z = pred.rollout(info_dict["_z"], acts, past_actions=info_dict["_past"])
+            z = pred.rollout_from(info_dict["_state"], acts)
         else:
             z = _window_rollout(pred, info_dict["_z"], acts, info_dict["_past"])
         final = z[:, -1].reshape(b, s, -1)
@@ -84,13 +91,13 @@ class SwmCost:
 
 
 def _window_rollout(pred, z_hist, actions, past):
-    """Recursive prediction that re-runs the teacher-forced predictor on the last W latents each
-    step and keeps its last output (how swm's reference models roll out)."""
+    """Recursive prediction that re-runs the teacher-forced predictor on the last ``context``
+    latents each step and keeps its last output (how swm's reference models roll out)."""
     zs = list(z_hist.unbind(1))
     acts = (list(past.unbind(1)) if past is not None else []) + list(actions.unbind(1))
     out = []
     for _ in range(actions.shape[1]):
-        lo = max(0, len(zs) - pred.history)
+        lo = max(0, len(zs) - pred.context)
         nxt = pred(torch.stack(zs[lo:], 1), torch.stack(acts[lo : len(zs)], 1))[:, -1]
         out.append(nxt)
         zs.append(nxt)
@@ -141,6 +148,8 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=4)
     ap.add_argument("--parallel", type=int, default=4, help="episodes planned together (batch B)")
     ap.add_argument("--model", choices=["cpu", "micro"], default="cpu", help="random-init preset")
+    ap.add_argument("--attention", choices=["window", "banded"], default="window",
+                    help="predictor attention of the random-init preset (a checkpoint brings its own)")
     ap.add_argument("--checkpoint", default=None, help="use a trained checkpoint instead")
     ap.add_argument("--samples", type=int, default=300)
     ap.add_argument("--iterations", type=int, default=30)
@@ -153,7 +162,7 @@ def main() -> None:
 
     from lensemble.envs import make_env
 
-    cfg = load_config([f"model={args.model}", "eval=protocol", f"eval.num_samples={args.samples}",
+    cfg = load_config([f"model={args.model}", f"model.predictor_attention={args.attention}", "eval=protocol", f"eval.num_samples={args.samples}",
                        f"eval.iterations={args.iterations}", f"eval.topk={args.topk}", *args.overrides])
     if args.checkpoint:
         from lensemble.artifacts import load_checkpoint
@@ -173,7 +182,8 @@ def main() -> None:
     envs = [make_env(args.env, model.cfg.img_size) for _ in range(min(args.parallel, args.episodes))]
     torch.set_num_threads(args.threads)  # after the envs: the adapter pins the process to 1 thread
     block = model.cfg.action_block
-    print(f"{args.env}, {label}: d={model.cfg.latent_dim}, W={model.cfg.history}, block={block}; "
+    print(f"{args.env}, {label}: d={model.cfg.latent_dim}, W={model.cfg.history}, "
+          f"{model.cfg.predictor_attention} attention (context {model.predictor.context}), block={block}; "
           f"CEM {ev.num_samples} x {ev.iterations} top-{ev.topk}, H={ev.horizon}, receding {ev.receding_horizon}, "
           f"goal +{ev.goal_offset}, budget {ev.budget}; {args.episodes} episodes, {len(envs)} in parallel, "
           f"{args.threads} thread(s), torch {torch.__version__}")

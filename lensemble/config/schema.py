@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from lensemble.errors import ConfigError
 
@@ -34,6 +34,12 @@ class ModelConfig(_Section):
     predictor_depth: int = Field(2, ge=1)
     predictor_heads: int = Field(4, ge=1)
     history: int = Field(3, ge=1, description="W: latents the predictor attends to")
+    predictor_attention: Literal["window", "banded"] = Field(
+        "window",
+        description="window: every output sees the last W latents at window positions 0..W-1 "
+        "(learned absolute positions); banded: causal attention banded to W keys per block with "
+        "rotary positions, so a rollout can cache keys and values (docs/model.md)",
+    )
     action_dim: int = Field(2, ge=1, description="environment action dimension")
     action_block: int = Field(5, ge=1, description="env steps per latent step (frameskip)")
     action_embed_dim: int = Field(64, ge=4)
@@ -47,7 +53,18 @@ class ModelConfig(_Section):
             raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
         if self.predictor_width % self.predictor_heads:
             raise ValueError("predictor_width must be divisible by predictor_heads")
+        if self.predictor_attention == "banded" and (self.predictor_width // self.predictor_heads) % 2:
+            raise ValueError("banded attention needs an even head width (rotary positions rotate pairs)")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_added_defaults(self, handler):
+        # predictor_attention was added after runs, warm starts and checkpoints had been hashed from
+        # this section's dump; leaving it out at its default keeps every earlier hash valid.
+        out = handler(self)
+        if out.get("predictor_attention") == "window":
+            out.pop("predictor_attention")
+        return out
 
 
 class ObjectiveConfig(_Section):

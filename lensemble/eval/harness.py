@@ -220,21 +220,27 @@ def _to_chw(frames: Sequence[np.ndarray]) -> torch.Tensor:
 
 
 def planner_plan_fn(model, planner: Planner, receding_horizon: int) -> PlanFn:
-    """Wrap :class:`Planner` as a :data:`PlanFn` over ``model.predictor.rollout``.
+    """Wrap :class:`Planner` as a :data:`PlanFn` over the model's predictor.
 
-    The planner calls the rollout once per iteration on every candidate of every environment
-    (B·S rows); the past actions of the history are repeated S times to line up with its rows.
-    The warm start for the next call is the plan shifted by the ``receding_horizon`` latent steps
-    that will have been executed by then.
+    The history of each plan call is digested once (:meth:`Predictor.prepare`: for a banded
+    predictor, every block's keys and values over the observed latents), then the planner's
+    ``iterations`` rollouts continue it for all B·S candidates (:meth:`Predictor.rollout_from`,
+    rows b·S..b·S+S−1 belonging to environment b). The warm start for the next call is the plan
+    shifted by the ``receding_horizon`` latent steps that will have been executed by then.
     """
     pred = model.predictor
     s = planner.num_samples
 
     def plan(z_hist, past, z_goal, init):
-        past_rep = past.repeat_interleave(s, dim=0) if past is not None else None
+        with torch.inference_mode():
+            state = pred.prepare(z_hist, past)
 
         def rollout_fn(z_rep, actions):
-            return pred.rollout(z_rep, actions, past_actions=past_rep)
+            # z_rep is z_hist repeated S times (the planner's row layout); the prepared state
+            # already holds it, per environment.
+            if z_rep.shape[0] != state.batch * s:
+                raise EvaluationError(f"planner rows {z_rep.shape[0]} != {state.batch} histories x {s} samples")
+            return pred.rollout_from(state, actions)
 
         result = planner.plan(rollout_fn, z_hist, z_goal, init_mean=init)
         return result.actions, planner.next_init(result, receding_horizon)
@@ -301,7 +307,7 @@ def _mpc_chunk(model, envs, specs, starts, goals, eval_cfg: EvalConfig, plan_fn:
     b = len(envs)
     block = model.cfg.action_block
     a_dim = envs[0].info.action_dim
-    w = model.predictor.history
+    w = model.predictor.context  # latents that can still reach a prediction
     low = np.asarray(envs[0].info.action_low, np.float32)
     high = np.asarray(envs[0].info.action_high, np.float32)
     d0 = [env.distance_to_goal() for env in envs]

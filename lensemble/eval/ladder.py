@@ -127,13 +127,14 @@ def rollout_errors(
 ) -> tuple[dict[int, float], dict[int, int]]:
     """Open-loop rollout MSE at each horizon, from every start that leaves room for it.
 
-    From each start t0 the predictor sees the true history z_{t0−W+1..t0} (with the actions
+    From each start t0 the predictor sees the true history z_{t0−C+1..t0} (C = its context) (with the actions
     between those latents) and rolls out with the recorded actions. The error at horizon h is the
     MSE of ẑ_{t0+h} against z_{t0+h}, averaged over all episodes and all starts t0 ≤ L − h.
     A requested horizon above L (the episode's latent steps) is clamped to L.
 
     Args:
-        predictor: has ``.history`` (W) and ``.rollout(z_hist, actions, past_actions=...)``.
+        predictor: has ``.context`` (latents an output can depend on; else ``.history``, W) and
+            ``.rollout(z_hist, actions, past_actions=...)``.
         z: (E, L+1, d); actions: (E, L, A·b).
         horizons: requested horizons, each >= 1.
 
@@ -146,7 +147,7 @@ def rollout_errors(
     n_steps = actions.shape[1]
     used = {int(h): min(int(h), n_steps) for h in horizons}
     h_max = max(used.values())
-    w = int(getattr(predictor, "history", 1))
+    w = int(getattr(predictor, "context", getattr(predictor, "history", 1)))
     sums = torch.zeros(h_max + 1, dtype=torch.float64)
     counts = torch.zeros(h_max + 1, dtype=torch.float64)
     for t0 in range(n_steps):

@@ -109,3 +109,22 @@ def test_bad_planner_config_is_a_config_error(setup):
     bad = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"topk": cfg.eval.num_samples + 1})})
     with pytest.raises(ConfigError):
         evaluate(root / "does-not-exist", ENV, cfg=bad, episodes=1, progress=False)
+
+
+def test_banded_predictor_evaluates_end_to_end(setup, tmp_path):
+    """A banded-attention checkpoint goes through MPC (KV-cached rollouts over a context of
+    depth·(W−1)+1 latents) and the whole ladder; its architecture round-trips the attention kind."""
+    from lensemble.artifacts import load_checkpoint, save_checkpoint
+    from lensemble.config import load_config
+    from lensemble.eval.harness import evaluate
+    from lensemble.model import architecture, build_world_model
+
+    _, _, _, overrides = setup
+    cfg = load_config(overrides + ["model.predictor_attention=banded"])
+    model = build_world_model(cfg.model, init_seed=3)
+    digest = save_checkpoint(tmp_path / "ckpt", model.state_dict(), kind="world_model",
+                             architecture=architecture(cfg.model), config_hash=cfg.config_hash())
+    assert load_checkpoint(tmp_path / "ckpt").architecture["model"]["predictor_attention"] == "banded"
+    report = evaluate(tmp_path / "ckpt", ENV, cfg=cfg, episodes=1, progress=False, ladder_settings=SMALL_LADDER)
+    assert report.checkpoint_hash == digest and report.n_episodes == 1
+    assert report.one_step_error is not None and report.rollout_composite is not None

@@ -163,3 +163,32 @@ def test_colored_noise_has_unit_variance():
         assert torch.allclose(cov.diag(), torch.ones(6), atol=0.06)
         lag1 = cov.diagonal(1).mean()
         assert (abs(lag1) < 0.05) if white else (lag1 > 0.2)
+
+
+@pytest.mark.parametrize("kind", ["window", "banded"])
+def test_plan_fn_prepares_the_history_once_and_plans_as_the_plain_rollout(kind):
+    """planner_plan_fn digests the history once per call (Predictor.prepare) and continues it for
+    every candidate; the plans equal those of a planner calling Predictor.rollout on the repeated
+    history and past actions each iteration."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_model import D, tiny_cfg
+
+    from lensemble.eval.harness import planner_plan_fn
+    from lensemble.model import build_world_model
+
+    model = build_world_model(tiny_cfg(predictor_attention=kind, predictor_depth=2), init_seed=1).eval()
+    a_in = model.predictor.action_in
+    g = torch.Generator().manual_seed(0)
+    z_hist, past, goal = torch.randn(2, 3, D, generator=g), torch.randn(2, 2, a_in, generator=g), torch.randn(2, D, generator=g)
+    kw = dict(horizon=4, num_samples=24, iterations=4, topk=6, action_dim=a_in)
+    prepared = planner_plan_fn(model, _planner(**kw), receding_horizon=2)
+    actions, nxt = prepared(z_hist, past, goal, None)
+
+    plain = _planner(**kw)
+    past_rep = past.repeat_interleave(24, dim=0)
+    ref = plain.plan(lambda z, a: model.predictor.rollout(z, a, past_actions=past_rep), z_hist, goal)
+    torch.testing.assert_close(actions, ref.actions, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nxt, plain.next_init(ref, 2), rtol=1e-5, atol=1e-5)

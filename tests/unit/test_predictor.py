@@ -1,4 +1,5 @@
-"""Predictor: shapes, causality, sliding window, rollout == step-by-step forward, gauge rotation."""
+"""Predictor (window and banded attention): shapes, causality, receptive field, rollout ==
+step-by-step forward, prepared histories, gauge rotation."""
 
 import pytest
 import torch
@@ -13,6 +14,9 @@ A = 4  # action_dim * action_block
 def tiny_cfg(**kw):
     # Two predictor blocks: causality and the last-only path are only exercised with depth > 1.
     return _shared_tiny_cfg(**{"predictor_depth": 2, **kw})
+
+
+KINDS = ["window", "banded"]
 
 
 def predictor(seed=0, **kw):
@@ -36,9 +40,10 @@ def random_orthogonal(d, seed=0):
     return (q * torch.sign(torch.diagonal(r))).float()
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("t", [1, 2, 3, 5])
-def test_forward_shapes(t):
-    p = predictor()
+def test_forward_shapes(t, kind):
+    p = predictor(predictor_attention=kind)
     z, a = data(2, t)
     out = p(z, a)
     assert out.shape == (2, t, D)
@@ -54,8 +59,9 @@ def test_forward_rejects_bad_shapes():
         p(z[..., :5], a)
 
 
-def test_causality():
-    p = predictor()
+@pytest.mark.parametrize("kind", KINDS)
+def test_causality(kind):
+    p = predictor(predictor_attention=kind)
     z, a = data(2, 3)
     base = p(z, a)
     z2, a2 = z.clone(), a.clone()
@@ -82,6 +88,59 @@ def test_long_sequence_uses_sliding_windows():
         torch.testing.assert_close(out[:, t], win[:, -1], rtol=1e-5, atol=1e-6)
 
 
+def test_banded_receptive_field_is_depth_times_band():
+    """Output t sees exactly the latents t−C+1..t with C = depth·(W−1)+1, whatever their
+    absolute positions (rotary embeddings make attention depend on offsets only)."""
+    p = predictor(predictor_attention="banded", history=3, predictor_depth=2)
+    assert p.context == 5
+    z, a = data(2, 9, seed=3)
+    base = p(z, a)
+    z2, a2 = z.clone(), a.clone()
+    z2[:, 2] += 1.0
+    a2[:, 2] += 1.0
+    out = p(z2, a2)
+    torch.testing.assert_close(out[:, :2], base[:, :2], rtol=0, atol=0)   # causal
+    assert not torch.allclose(out[:, 6], base[:, 6])                       # 2 + C − 1 = 6 still sees it
+    torch.testing.assert_close(out[:, 7:], base[:, 7:], rtol=0, atol=0)   # beyond the band: exact
+    # Shift invariance: the last output from the last C latents equals the full sequence's.
+    tail = p(z[:, -5:], a[:, -5:])
+    torch.testing.assert_close(tail[:, -1], base[:, -1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("t0", [1, 3, 6])
+def test_prepared_history_serves_repeated_rows(kind, t0):
+    """prepare() once + rollout_from with R rows per history == rollout on the expanded history."""
+    p = predictor(predictor_attention=kind)
+    z, acts = data(2, t0, seed=4)
+    past = acts[:, : t0 - 1] if t0 > 1 else None
+    cand = torch.randn(2 * 5, 4, A, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        got = p.rollout_from(p.prepare(z, past), cand)
+        ref = p.rollout(z.repeat_interleave(5, 0), cand,
+                        past_actions=past.repeat_interleave(5, 0) if past is not None else None)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="multiple"):
+        p.rollout_from(p.prepare(z, past), cand[:7])
+
+
+def test_banded_needs_even_head_width_and_has_no_position_table():
+    with pytest.raises(ValueError, match="even head width"):
+        tiny_cfg(predictor_attention="banded", predictor_width=30, predictor_heads=2)
+    p = predictor(predictor_attention="banded")
+    assert not hasattr(p, "pos_embed")
+    assert predictor().context == predictor().history
+
+
+def test_window_default_keeps_earlier_hashes():
+    """The attention field is left out of the dump at its default, so configs, checkpoints and
+    study runs hashed before it existed keep their hashes; the banded kind is recorded."""
+    assert "predictor_attention" not in tiny_cfg().model_dump()
+    dumped = tiny_cfg(predictor_attention="banded").model_dump(mode="json")
+    assert dumped["predictor_attention"] == "banded"
+    assert type(tiny_cfg()).model_validate(dumped).predictor_attention == "banded"
+
+
 def step_by_step(p, z_hist, past_actions, actions):
     """Reference rollout: call forward on the growing sequence, keep its last output."""
     zs = list(z_hist.unbind(1))
@@ -95,9 +154,10 @@ def step_by_step(p, z_hist, past_actions, actions):
     return torch.stack(outs, 1)
 
 
-@pytest.mark.parametrize("t0,history", [(1, 3), (2, 3), (4, 3), (1, 1), (2, 1)])
-def test_rollout_equals_step_by_step_forward(t0, history):
-    p = predictor(history=history)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("t0,history", [(1, 3), (2, 3), (4, 3), (7, 3), (1, 1), (2, 1)])
+def test_rollout_equals_step_by_step_forward(t0, history, kind):
+    p = predictor(history=history, predictor_attention=kind)
     z, acts = data(3, t0 + 5, seed=1)
     z_hist, past, future = z[:, :t0], acts[:, : t0 - 1], acts[:, t0 - 1 : t0 + 4]
     past = past if t0 > 1 else None
@@ -109,8 +169,9 @@ def test_rollout_equals_step_by_step_forward(t0, history):
     torch.testing.assert_close(p.rollout_nograd(z_hist, future, past_actions=past), got)
 
 
-def test_rollout_broadcasts_history_and_requires_past_actions():
-    p = predictor()
+@pytest.mark.parametrize("kind", KINDS)
+def test_rollout_broadcasts_history_and_requires_past_actions(kind):
+    p = predictor(predictor_attention=kind)
     z, acts = data(1, 2)
     cand = torch.randn(7, 4, A, generator=torch.Generator().manual_seed(3))
     out = p.rollout_nograd(z[:, :1], cand)
@@ -121,8 +182,9 @@ def test_rollout_broadcasts_history_and_requires_past_actions():
         p.rollout(z, cand[:1])
 
 
-def test_rollout_is_differentiable():
-    p = predictor()
+@pytest.mark.parametrize("kind", KINDS)
+def test_rollout_is_differentiable(kind):
+    p = predictor(predictor_attention=kind)
     z, acts = data(2, 1)
     z.requires_grad_(True)
     out = p.rollout(z, acts.expand(2, 4, A).contiguous())
@@ -130,9 +192,10 @@ def test_rollout_is_differentiable():
     assert torch.isfinite(z.grad).all() and z.grad.abs().sum() > 0
 
 
-def test_rotation_reparametrises_predictor_exactly():
-    model = build_world_model(tiny_cfg(), init_seed=4)
-    model.predictor = predictor(seed=4)
+@pytest.mark.parametrize("kind", KINDS)
+def test_rotation_reparametrises_predictor_exactly(kind):
+    model = build_world_model(tiny_cfg(predictor_attention=kind), init_seed=4)
+    model.predictor = predictor(seed=4, predictor_attention=kind)
     p = model.predictor
     z, a = data(3, 5, seed=2)
     q = random_orthogonal(D, seed=5)
