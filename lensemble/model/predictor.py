@@ -181,14 +181,14 @@ class Predictor(nn.Module):
             x = blk(x, last_only=last_only and i == len(self.blocks) - 1)
         return self.out_proj(self.norm(x))
 
-    def _banded(self, tok: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, list, list]:
-        """Banded kind over a whole sequence: tokens (B, T, width) at positions start..start+T−1.
+    def _banded(self, tok: torch.Tensor) -> tuple[torch.Tensor, list, list]:
+        """Banded kind over a whole sequence: tokens (B, T, width) at positions 0..T−1.
 
         Returns the final hidden states (B, T, width) and each block's rotated keys and values
         (B, heads, T, hd)."""
         t = tok.shape[1]
         hd = tok.shape[-1] // self.blocks[0].heads
-        cos, sin = _rope_tables(torch.arange(start, start + t, device=tok.device), hd)
+        cos, sin = _rope_tables(torch.arange(t, device=tok.device), hd)
         mask = _band_mask(t, self.history, tok.device)
         x, keys, values = tok, [], []
         for blk in self.blocks:
