@@ -11,6 +11,8 @@ iterations, top-k, horizon, receding horizon, batch of parallel episodes, thread
   the predictor over its whole history window (the predictor's context: W latents for the window
   kind, depth·(W−1)+1 for the banded kind, so the predictions are the model's own) and keeps the
   last output.
+* ``lensemble+mean`` (opt-in) — the same planner executing its final elite mean instead of the
+  best candidate it evaluated (what swm's solver returns).
 * ``swm+rollout``    — the same solver, ``get_cost`` continuing a history ``prepare``d on the
   first call of each solve (``rollout_from``, as ours does): isolates the solver's own overhead
   from the rollout implementation.
@@ -191,10 +193,12 @@ def main() -> None:
     results = {}
     for name in args.contenders:
         seed = derive(ev.seed, "bench", name)
-        if name == "lensemble":
+        if name in ("lensemble", "lensemble+mean"):
+            seed = derive(ev.seed, "bench", "lensemble")  # same noise: only what is executed differs
             planner = Planner.from_config(ev, action_dim=model.cfg.action_dim * block, action_low=-1.0,
                                           action_high=1.0, seed=seed)
-            plan_fn = planner_plan_fn(model, planner, ev.receding_horizon)
+            plan_fn = planner_plan_fn(model, planner, ev.receding_horizon,
+                                      execute="mean" if name.endswith("mean") else "best")
         elif name in ("swm+reference", "swm+rollout"):
             plan_fn = swm_plan_fn(model, ev, len(envs), "reference" if name.endswith("reference") else "fast",
                                   seed % (2**31))

@@ -219,8 +219,12 @@ def _to_chw(frames: Sequence[np.ndarray]) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(np.stack(frames))).permute(0, 3, 1, 2)
 
 
-def planner_plan_fn(model, planner: Planner, receding_horizon: int) -> PlanFn:
+def planner_plan_fn(model, planner: Planner, receding_horizon: int, execute: str = "best") -> PlanFn:
     """Wrap :class:`Planner` as a :data:`PlanFn` over the model's predictor.
+
+    ``execute`` chooses what the env runs: ``"best"`` (default, what ``evaluate`` and the study
+    use) the cheapest candidate evaluated; ``"mean"`` the final sampling mean (the elite mean for
+    CEM, as stable-worldmodel's solvers return).
 
     The history of each plan call is digested once (:meth:`Predictor.prepare`: for a banded
     predictor, every block's keys and values over the observed latents), then the planner's
@@ -228,6 +232,8 @@ def planner_plan_fn(model, planner: Planner, receding_horizon: int) -> PlanFn:
     rows b·S..b·S+S−1 belonging to environment b). The warm start for the next call is the plan
     shifted by the ``receding_horizon`` latent steps that will have been executed by then.
     """
+    if execute not in ("best", "mean"):
+        raise ConfigError(f"execute must be 'best' or 'mean', got {execute!r}")
     pred = model.predictor
     s = planner.num_samples
 
@@ -243,7 +249,7 @@ def planner_plan_fn(model, planner: Planner, receding_horizon: int) -> PlanFn:
             return pred.rollout_from(state, actions)
 
         result = planner.plan(rollout_fn, z_hist, z_goal, init_mean=init)
-        return result.actions, planner.next_init(result, receding_horizon)
+        return (result.actions if execute == "best" else result.mean), planner.next_init(result, receding_horizon)
 
     return plan
 

@@ -192,3 +192,28 @@ def test_plan_fn_prepares_the_history_once_and_plans_as_the_plain_rollout(kind):
     ref = plain.plan(lambda z, a: model.predictor.rollout(z, a, past_actions=past_rep), z_hist, goal)
     torch.testing.assert_close(actions, ref.actions, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(nxt, plain.next_init(ref, 2), rtol=1e-5, atol=1e-5)
+
+
+def test_plan_fn_can_execute_the_final_mean():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_model import D, tiny_cfg
+
+    from lensemble.eval.harness import planner_plan_fn
+    from lensemble.model import build_world_model
+
+    model = build_world_model(tiny_cfg(), init_seed=2).eval()
+    a_in = model.predictor.action_in
+    g = torch.Generator().manual_seed(1)
+    z_hist, goal = torch.randn(2, 1, D, generator=g), torch.randn(2, D, generator=g)
+    kw = dict(horizon=3, num_samples=16, iterations=3, topk=4, action_dim=a_in)
+    best, _ = planner_plan_fn(model, _planner(**kw), 1)(z_hist, None, goal, None)
+    mean, _ = planner_plan_fn(model, _planner(**kw), 1, execute="mean")(z_hist, None, goal, None)
+    ref = _planner(**kw).plan(lambda z, a: model.predictor.rollout(z, a), z_hist, goal)
+    torch.testing.assert_close(best, ref.actions, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mean, ref.mean, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(best, mean)
+    with pytest.raises(ConfigError):
+        planner_plan_fn(model, _planner(**kw), 1, execute="median")
