@@ -48,6 +48,7 @@ from lensemble.config.seeds import derive
 from lensemble.eval.harness import episode_specs, eval_factor_values, planner_plan_fn, run_closed_loop
 from lensemble.eval.mpc import Planner
 from lensemble.eval.stats import compare_proportions, wilson_interval
+from lensemble.model.predictor import reference_rollout
 
 
 class SwmCost:
@@ -87,23 +88,9 @@ class SwmCost:
         if self.rollout == "fast":
             z = pred.rollout_from(info_dict["_state"], acts)
         else:
-            z = _window_rollout(pred, info_dict["_z"], acts, info_dict["_past"])
+            z = reference_rollout(pred, info_dict["_z"], acts, info_dict["_past"])
         final = z[:, -1].reshape(b, s, -1)
         return (final - info_dict["_goal"][:, None]).abs().sum(-1)
-
-
-def _window_rollout(pred, z_hist, actions, past):
-    """Recursive prediction that re-runs the teacher-forced predictor on the last ``context``
-    latents each step and keeps its last output (how swm's reference models roll out)."""
-    zs = list(z_hist.unbind(1))
-    acts = (list(past.unbind(1)) if past is not None else []) + list(actions.unbind(1))
-    out = []
-    for _ in range(actions.shape[1]):
-        lo = max(0, len(zs) - pred.context)
-        nxt = pred(torch.stack(zs[lo:], 1), torch.stack(acts[lo : len(zs)], 1))[:, -1]
-        out.append(nxt)
-        zs.append(nxt)
-    return torch.stack(out, 1)
 
 
 def swm_plan_fn(model, eval_cfg, n_envs: int, rollout: str, seed: int):

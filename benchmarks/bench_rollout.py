@@ -28,21 +28,7 @@ import torch
 
 from lensemble.config.schema import ModelConfig
 from lensemble.model import build_world_model, count_parameters
-
-
-def naive_rollout(pred, z_hist, actions, past_actions):
-    """Reference: full forward over the whole (windowed) sequence each step, keep the last."""
-    zs = list(z_hist.unbind(1))
-    acts = ([] if past_actions is None else list(past_actions.unbind(1))) + list(actions.unbind(1))
-    w = pred.context
-    outs = []
-    for _ in range(actions.shape[1]):
-        n = len(zs)
-        lo = max(0, n - w)
-        nxt = pred(torch.stack(zs[lo:n], 1), torch.stack(acts[lo:n], 1))[:, -1]
-        outs.append(nxt)
-        zs.append(nxt)
-    return torch.stack(outs, 1)
+from lensemble.model.predictor import reference_rollout
 
 
 def time_it(fn, reps: int, warmup: int = 2) -> tuple[float, float]:
@@ -104,7 +90,7 @@ def main() -> None:
                 def run(ctx=ctx, kind=kind, z_hist=z_hist, acts=acts, past=past):
                     with ctx():
                         if kind == "naive":
-                            out = naive_rollout(pred, z_hist, acts, past)
+                            out = reference_rollout(pred, z_hist, acts, past)
                         elif kind == "prepared":
                             env_past = past[:: args.samples] if past is not None else None
                             out = pred.rollout_from(pred.prepare(z_hist[:: args.samples], env_past), acts)

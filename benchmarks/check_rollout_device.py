@@ -23,19 +23,7 @@ import torch
 
 from lensemble.config.schema import ModelConfig
 from lensemble.model import build_world_model
-
-
-def reference(pred, z_hist, actions, past):
-    """Re-run the teacher-forced forward over the last ``context`` latents each step."""
-    zs = list(z_hist.unbind(1))
-    acts = ([] if past is None else list(past.unbind(1))) + list(actions.unbind(1))
-    outs = []
-    for _ in range(actions.shape[1]):
-        lo = max(0, len(zs) - pred.context)
-        nxt = pred(torch.stack(zs[lo:], 1), torch.stack(acts[lo : len(zs)], 1))[:, -1]
-        outs.append(nxt)
-        zs.append(nxt)
-    return torch.stack(outs, 1)
+from lensemble.model.predictor import reference_rollout
 
 
 def timed(fn, device: str, reps: int) -> float:
@@ -89,11 +77,11 @@ def main() -> None:
                 rep_z = dz.repeat_interleave(args.samples, 0)
                 rep_p = dp.repeat_interleave(args.samples, 0) if dp is not None else None
                 with torch.inference_mode():
-                    def ours():
+                    def ours(pred=pred, dz=dz, dp=dp, da=da):
                         return pred.rollout_from(pred.prepare(dz, dp), da)
 
-                    def ref():
-                        return reference(pred, rep_z, da, rep_p)
+                    def ref(pred=pred, rep_z=rep_z, da=da, rep_p=rep_p):
+                        return reference_rollout(pred, rep_z, da, rep_p)
 
                     got, want = ours(), ref()
                     on_cpu = cpu_pred.rollout_from(cpu_pred.prepare(z, past), acts)

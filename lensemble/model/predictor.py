@@ -374,3 +374,21 @@ class Predictor(nn.Module):
         cannot later enter autograd)."""
         with torch.inference_mode():
             return self.rollout(z_hist, actions, past_actions=past_actions)
+
+
+def reference_rollout(
+    pred: Predictor, z_hist: torch.Tensor, actions: torch.Tensor, past_actions: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The rollout by definition: re-run the teacher-forced forward over the last ``context``
+    latents at every step and keep its last output (how stable-worldmodel's reference models roll
+    out). Shapes as :meth:`Predictor.rollout` (batches must match). No state is kept between steps, so
+    it is slow; benchmarks time :meth:`Predictor.rollout_from` against it."""
+    zs = list(z_hist.unbind(1))
+    acts = ([] if past_actions is None else list(past_actions.unbind(1))) + list(actions.unbind(1))
+    outs = []
+    for _ in range(actions.shape[1]):
+        lo = max(0, len(zs) - pred.context)
+        nxt = pred(torch.stack(zs[lo:], 1), torch.stack(acts[lo : len(zs)], 1))[:, -1]
+        outs.append(nxt)
+        zs.append(nxt)
+    return torch.stack(outs, 1)

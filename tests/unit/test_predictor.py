@@ -7,6 +7,7 @@ from tiny_model import D
 from tiny_model import tiny_cfg as _shared_tiny_cfg
 
 from lensemble.model import build_world_model, rotate_latent_basis_
+from lensemble.model.predictor import reference_rollout
 
 A = 4  # action_dim * action_block
 
@@ -167,6 +168,9 @@ def test_rollout_equals_step_by_step_forward(t0, history, kind):
     assert got.shape == (3, 5, D)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(p.rollout_nograd(z_hist, future, past_actions=past), got)
+    # The benchmarks' reference re-forwards only the last `context` latents: the same function.
+    with torch.no_grad():
+        torch.testing.assert_close(reference_rollout(p, z_hist, future, past), ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", KINDS)
