@@ -354,13 +354,11 @@ class Predictor(nn.Module):
         bsz = actions.shape[0]
         if z_hist.shape[0] not in (1, bsz):
             raise ValueError(f"z_hist batch {z_hist.shape[0]} does not match actions batch {bsz}")
-        if past_actions is not None and past_actions.ndim == 3 and past_actions.shape[0] not in (1, z_hist.shape[0]):
-            if z_hist.shape[0] == 1:  # one history, per-row past actions: broadcast the history
-                z_hist = z_hist.expand(past_actions.shape[0], -1, -1)
-            else:
-                raise ValueError(
-                    f"past_actions batch {past_actions.shape[0]} does not match z_hist batch {z_hist.shape[0]}"
-                )
+        if past_actions is not None and past_actions.ndim == 3:
+            if past_actions.shape[0] not in (1, bsz):
+                raise ValueError(f"past_actions batch {past_actions.shape[0]} does not match actions batch {bsz}")
+            if z_hist.shape[0] == 1 and past_actions.shape[0] == bsz > 1:
+                z_hist = z_hist.expand(bsz, -1, -1)  # one history, per-row past actions
         return self.rollout_from(self.prepare(z_hist, past_actions), actions)
 
     def rollout_nograd(

@@ -226,3 +226,13 @@ def test_rotation_on_built_model_end_to_end():
         z_rot, pred_rot = model(x, a)
     torch.testing.assert_close(z_rot, z @ q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(pred_rot, pred @ q, rtol=1e-5, atol=1e-5)
+
+
+def test_rollout_refuses_past_actions_of_another_batch():
+    p = predictor()
+    z, acts = data(1, 2)
+    cand = torch.randn(4, 3, A, generator=torch.Generator().manual_seed(6))
+    with pytest.raises(ValueError, match="past_actions batch"):
+        p.rollout(z, cand, past_actions=torch.randn(2, 1, A))
+    per_row = p.rollout(z, cand, past_actions=acts[:, :1].expand(4, -1, -1))
+    torch.testing.assert_close(per_row, p.rollout(z, cand, past_actions=acts[:, :1]))
