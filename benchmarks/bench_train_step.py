@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from lensemble.config import load_config
 from lensemble.data.clips import ClipSampler
-from lensemble.eval.metrics import effective_dim, latent_std
+from lensemble.model.collapse import effective_dim, latent_std
 from lensemble.model import build_world_model, count_parameters, sigreg, sketch_for_step
 from lensemble.training.loop import InnerLoop
 

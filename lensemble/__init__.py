@@ -27,7 +27,7 @@ _EXPORTS = {
     "frame_drift": "lensemble.gauge.drift",
     "FrameDriftReport": "lensemble.gauge.drift",
     "procrustes_align": "lensemble.gauge.procrustes",
-    "effective_dim": "lensemble.eval.metrics",
+    "effective_dim": "lensemble.model.collapse",
     "gap_recovery": "lensemble.eval.gap",
     "run_ablation_ladder": "lensemble.eval.study",
     "lambda_anc_sweep": "lensemble.eval.study",

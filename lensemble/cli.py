@@ -49,7 +49,7 @@ def show_config(overrides: list[str] = OVERRIDES):
 @data_app.command("collect")
 def data_collect(overrides: list[str] = OVERRIDES):
     """Collect every silo, the held-out splits, the public corpus and the probe (with progress)."""
-    from lensemble.training.datasets import ensure_data
+    from lensemble.data.store import ensure_data
 
     try:
         cfg = _load(overrides)

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
+from lensemble.config.rungs import CUSTOM_RUNG, RUNGS
 from lensemble.errors import ConfigError
 
 
@@ -120,7 +121,7 @@ class DataConfig(_Section):
 class GaugeConfig(_Section):
     """Gauge control; the ablation ladder's rungs are presets of these flags."""
 
-    rung: Literal["naive", "sketch", "backstop", "anchor", "distill", "custom"] = "naive"
+    rung: Literal[RUNGS + (CUSTOM_RUNG,)] = Field("naive", description="a rung of config/rungs.py, or custom")
     shared_sketch: bool = False
     backstop: bool = False
     anchor: Literal["none", "A", "B"] = "none"

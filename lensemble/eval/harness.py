@@ -496,7 +496,7 @@ def load_split(cfg: LensembleConfig, split: str, *, progress: bool = True):
     """
     from lensemble.data.collect import load_silo
     from lensemble.data.shards import EpisodeBatch, load_shard
-    from lensemble.training.datasets import ensure_data
+    from lensemble.data.store import ensure_data
 
     folder, summary = ensure_data(cfg, progress=progress)
     silos = [s["silo"] for s in summary["silos"]]

@@ -48,7 +48,8 @@ import torch
 from lensemble.config.seeds import derive, numpy_rng
 from lensemble.envs.factors import PUSHT, TWOROOM
 from lensemble.errors import EvaluationError
-from lensemble.eval.metrics import effective_dim, latent_std
+from lensemble.model.collapse import effective_dim, latent_std
+from lensemble.model.encoder import embed_frames
 
 #: Requested open-loop horizons (latent steps) and their weights in the composite.
 HORIZONS: tuple[int, ...] = (1, 10, 20)
@@ -246,18 +247,12 @@ def _check_sequences(z: torch.Tensor, actions: torch.Tensor) -> None:
 
 
 # ============================================================================ episode data
-@torch.no_grad()
 def encode_frames(encoder, frames: np.ndarray, batch_size: int = 256) -> torch.Tensor:
-    """Encode uint8 frames (..., H, W, 3) to float32 latents (..., d), in batches."""
+    """Encode uint8 frames (..., H, W, 3) to float32 latents (..., d) with :func:`embed_frames`."""
     lead = frames.shape[:-3]
-    flat = frames.reshape(-1, *frames.shape[-3:])
-    out = []
-    with torch.inference_mode():
-        for i in range(0, flat.shape[0], batch_size):
-            x = torch.from_numpy(np.ascontiguousarray(flat[i : i + batch_size])).permute(0, 3, 1, 2)
-            out.append(encoder(x).float())
-    z = torch.cat(out) if out else torch.zeros(0, encoder.latent_dim)
-    return z.clone().reshape(*lead, z.shape[-1])
+    flat = torch.from_numpy(np.ascontiguousarray(frames.reshape(-1, *frames.shape[-3:]))).permute(0, 3, 1, 2)
+    z = embed_frames(encoder, flat, batch_size)
+    return z.reshape(*lead, z.shape[-1])
 
 
 def latent_sequences(encoder, obs: np.ndarray, actions: np.ndarray, block: int, batch_size: int = 256):

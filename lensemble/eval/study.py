@@ -940,7 +940,7 @@ def _execute(spec, plan, todo, n_done, study_dir, scratch_dir, *, progress, keep
 def _prepare_data(run: PlannedRun, configs: dict, seen: set) -> None:
     """Collect (or verify) ``run``'s data folder unless ``seen`` already holds it; then add it."""
     from lensemble.config import load_config
-    from lensemble.training.datasets import data_dir, ensure_data
+    from lensemble.data.store import data_dir, ensure_data
 
     cfg = configs.get(run.run_id) or load_config(run.overrides)
     folder = data_dir(cfg)

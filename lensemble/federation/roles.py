@@ -31,7 +31,7 @@ from lensemble.data.clips import ClipSampler
 from lensemble.data.collect import load_silo
 from lensemble.data.probe import load_probe
 from lensemble.errors import ConfigError, DegenerateProcrustes
-from lensemble.eval.metrics import effective_dim, latent_std
+from lensemble.model.collapse import effective_dim, latent_std
 from lensemble.federation.codec import payload_nbytes, quant_ratio
 from lensemble.federation.outer import OuterOptimizer, aggregate_checked
 from lensemble.federation.privacy import PrivacyLedger
@@ -41,10 +41,11 @@ from lensemble.gauge.anchor import FrameAnchor
 from lensemble.gauge.backstop import align_and_redifference
 from lensemble.gauge.distill import aligned_consensus, distill_encoder
 from lensemble.gauge.drift import drift_magnitudes, frame_drift
+from lensemble.model.encoder import embed_frames
 from lensemble.model.objective import sketch_for_round, sketch_for_step
 from lensemble.model.world_model import WorldModel, architecture, build_world_model, world_model_from_state
 from lensemble.observability.metrics import MetricsSink
-from lensemble.training.datasets import ensure_data
+from lensemble.data.store import ensure_data
 from lensemble.training.loop import InnerLoop
 
 GLOBAL = "global"
@@ -92,16 +93,6 @@ def to_arrays(state: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
 
 def to_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.array(v, copy=True)) for k, v in sorted(arrays.items())}
-
-
-@torch.no_grad()
-def embed_frames(encoder: torch.nn.Module, frames: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
-    """Encoder output (n, d) for uint8 frames (n, 3, H, W), eval mode, in batches."""
-    was = encoder.training
-    encoder.eval()
-    out = torch.cat([encoder(frames[s:s + batch_size]) for s in range(0, frames.shape[0], batch_size)])
-    encoder.train(was)
-    return out
 
 
 @lru_cache(maxsize=8)

@@ -16,6 +16,7 @@ from lensemble.artifacts.checkpoint import load_checkpoint
 from lensemble.data.probe import load_probe
 from lensemble.errors import ProbeError
 from lensemble.gauge.drift import FrameDriftReport, frame_drift
+from lensemble.model.encoder import embed_frames
 from lensemble.model.world_model import world_model_from_state
 
 
@@ -25,13 +26,10 @@ def recorded_probe_hash(header: dict) -> str | None:
     return extra.get("probe_hash") or extra.get("data", {}).get("probe_hash")
 
 
-@torch.no_grad()
-def embed_probe(checkpoint: str | Path, frames: torch.Tensor, batch_size: int = 256) -> tuple[torch.Tensor, dict]:
+def embed_probe(checkpoint: str | Path, frames: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """(n, d) embeddings of ``frames`` by a hash-verified checkpoint's encoder, and its header."""
     ck = load_checkpoint(checkpoint)
-    encoder = world_model_from_state(ck.architecture, ck.tensors).encoder.eval()
-    z = torch.cat([encoder(frames[s:s + batch_size]) for s in range(0, frames.shape[0], batch_size)])
-    return z, ck.header
+    return embed_frames(world_model_from_state(ck.architecture, ck.tensors).encoder, frames), ck.header
 
 
 def drift_between_checkpoints(checkpoints: Sequence[str | Path], probe_path: str | Path, *,

@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict
 
 from lensemble.config.seeds import torch_generator
 from lensemble.errors import ConfigError, GaugeError, ProbeError
-from lensemble.eval.metrics import effective_dim
+from lensemble.model.collapse import effective_dim
 from lensemble.gauge.procrustes import as_float64_matrix, polar_factors
 
 __all__ = [

@@ -111,3 +111,21 @@ class Encoder(nn.Module):
             raise ValueError(f"encode_frames expects (B, T, 3, H, W), got shape {tuple(x.shape)}")
         b, t = x.shape[:2]
         return self.forward(x.reshape(b * t, *x.shape[2:])).reshape(b, t, -1)
+
+
+@torch.no_grad()
+def embed_frames(encoder: Encoder, frames: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
+    """Latents (n, d) float32 of frames (n, 3, H, W) (uint8 or float in [0, 1]), in eval mode.
+
+    The one batched embedding helper: the coordinator's probe embeddings, the participants'
+    replies, checkpoint drift and the evaluation ladder all call it, so every consumer sees the
+    frames through the same ``Encoder.forward``. Batches of ``batch_size`` frames bound memory;
+    the encoder's train/eval mode is restored afterwards.
+    """
+    was_training = encoder.training
+    encoder.eval()
+    try:
+        chunks = [encoder(frames[s:s + batch_size]) for s in range(0, frames.shape[0], batch_size)]
+    finally:
+        encoder.train(was_training)
+    return torch.cat(chunks) if chunks else torch.zeros(0, encoder.latent_dim)

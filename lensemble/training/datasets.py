@@ -1,32 +1,12 @@
-"""Which episodes a training run sees, and where collected data lives.
-
-Data are collected once per collection key (environment, resolution, seed and data settings) into
-``<data.root>/<key[:12]>/`` and reused by every run with the same key, so the baselines, the
-federated rungs and the warm start of one study all see the very same silos and probe.
-"""
+"""Which episodes a training run sees: pooled silos, one silo, or the public corpus."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from lensemble.config.schema import LensembleConfig
 from lensemble.data.clips import ClipSampler
-from lensemble.data.collect import _collection_key, collect_silos, load_public_episodes, load_silo
+from lensemble.data.collect import load_public_episodes, load_silo
+from lensemble.data.store import ensure_data
 from lensemble.errors import ConfigError
-
-
-def data_dir(cfg: LensembleConfig) -> Path:
-    """The folder holding this config's collection (it may not exist yet)."""
-    return Path(cfg.data.root) / _collection_key(cfg)[:12]
-
-
-def ensure_data(cfg: LensembleConfig, *, progress: bool = True) -> tuple[Path, dict]:
-    """Collect the silos, splits and probe for ``cfg`` unless they already exist; return
-    (folder, collection summary)."""
-    folder = data_dir(cfg)
-    summary = collect_silos(cfg, folder, progress=progress, reuse=True)
-    return folder, summary
 
 
 def silo_ids(summary: dict) -> list[int]:
@@ -57,7 +37,3 @@ def training_sampler(cfg: LensembleConfig, source: str, *, progress: bool = True
         "probe_hash": summary["probe"]["content_hash"],
     }
     return ClipSampler.from_config(batches, cfg), info
-
-
-def collection_summary(folder: str | Path) -> dict:
-    return json.loads((Path(folder) / "collection.json").read_text())

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from lensemble.config.schema import LensembleConfig
-from lensemble.eval.metrics import effective_dim, latent_std
+from lensemble.model.collapse import effective_dim, latent_std
 from lensemble.model.objective import AnchorFn, JEPAObjective, LossTerms
 from lensemble.model.world_model import WorldModel
 

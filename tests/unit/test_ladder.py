@@ -109,10 +109,10 @@ def test_probe_skips_constant_dimensions():
 
 
 def test_latent_sequences_take_stride_b_frames_and_concatenate_actions():
-    class Mean:
+    class Mean(torch.nn.Module):
         latent_dim = 1
 
-        def __call__(self, x):  # (B, 3, H, W) uint8 -> (B, 1): the frame's constant value
+        def forward(self, x):  # (B, 3, H, W) uint8 -> (B, 1): the frame's constant value
             return x.float().mean((1, 2, 3))[:, None]
 
     obs = np.zeros((2, 11, 4, 4, 3), np.uint8) + np.arange(11, dtype=np.uint8)[None, :, None, None, None]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lensemble.errors import EvaluationError
-from lensemble.eval.metrics import effective_dim, latent_rms, latent_std
+from lensemble.model.collapse import effective_dim, latent_rms, latent_std
 
 
 def _exact_spectrum(n, lam, seed=0):

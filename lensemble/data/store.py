@@ -1,0 +1,26 @@
+"""The data store: where a config's collection lives, and collecting it on first use.
+
+Data are collected once per collection key (environment, resolution, seed and data settings) into
+``<data.root>/<key[:12]>/`` and reused by every run with the same key, so the baselines, the
+federated rungs and the warm start of one study all see the very same silos and probe.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lensemble.config.schema import LensembleConfig
+from lensemble.data.collect import _collection_key, collect_silos
+
+
+def data_dir(cfg: LensembleConfig) -> Path:
+    """The folder holding this config's collection (it may not exist yet)."""
+    return Path(cfg.data.root) / _collection_key(cfg)[:12]
+
+
+def ensure_data(cfg: LensembleConfig, *, progress: bool = True) -> tuple[Path, dict]:
+    """Collect the silos, splits and probe for ``cfg`` unless they already exist; return
+    (folder, collection summary)."""
+    folder = data_dir(cfg)
+    summary = collect_silos(cfg, folder, progress=progress, reuse=True)
+    return folder, summary
