@@ -1,9 +1,10 @@
 """The ablation ladder's rung table: rung name -> the gauge flags that define it.
 
 This table is the one definition of what each rung switches on. The schema takes its rung names
-from it, the Hydra group files ``configs/gauge/<rung>.yaml`` restate exactly these flags (a
-parametrized test composes each file and compares), and the study, its registry and its report
-read the rung order from here. The rungs are additive (DESIGN.md §5): each keeps the previous
+and its default gauge (the first rung's flags) from it; each Hydra group file
+``configs/gauge/<rung>.yaml`` writes only the rung's flags that differ from that default (a
+parametrized test composes each file and compares with this table); the study, its registry and
+its report read the rung order from here. The rungs are additive (DESIGN.md §5): each keeps the previous
 rung's controls and adds one.
 """
 

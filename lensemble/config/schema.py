@@ -1,8 +1,10 @@
-"""The validated configuration: ``LensembleConfig`` (pydantic v2).
+"""The validated configuration: ``LensembleConfig`` (pydantic v2), the one home of every default.
 
-Hydra composes the YAML groups under ``configs/``; the resulting plain dict is validated here. Any
-bad value raises :class:`~lensemble.errors.ConfigError` naming the dotted field and the fix, so a
-typo never silently becomes a default.
+Hydra composes the YAML groups under ``configs/`` on top of :func:`schema_defaults` (the field
+defaults below, registered as the base of composition by the loader), so a group file holds only
+what differs from this schema. The resulting plain dict is validated here. Any bad value raises
+:class:`~lensemble.errors.ConfigError` naming the dotted field and the fix, so a typo never silently
+becomes a default. docs/configuration.md describes the layers.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
+from pydantic_core import to_jsonable_python
 
-from lensemble.config.rungs import CUSTOM_RUNG, RUNGS
+from lensemble.config.rungs import CUSTOM_RUNG, RUNG_FLAGS, RUNGS
 from lensemble.errors import ConfigError
 
 
@@ -72,6 +75,7 @@ class ObjectiveConfig(_Section):
     """Loss weights and the SIGReg sketch."""
 
     lambda_pred: float = Field(1.0, ge=0)
+    # 0.1 with per-pixel input standardisation; 1.0 planned worse (docs/model.md)
     lambda_sig: float = Field(0.1, ge=0)
     sigreg_directions: int = Field(512, ge=1, description="S: columns of the sketch A (d x S)")
     sigreg_knots: int = Field(17, ge=3)
@@ -118,17 +122,24 @@ class DataConfig(_Section):
     workers: int = Field(2, ge=1, description="collection processes")
 
 
-class GaugeConfig(_Section):
-    """Gauge control; the ablation ladder's rungs are presets of these flags."""
+# The default gauge is the ladder's first rung (no gauge control); its flags are read from the rung
+# table so the schema and the table cannot disagree about what "naive" means.
+_DEFAULT_RUNG = RUNGS[0]
+_DEFAULT_FLAGS = RUNG_FLAGS[_DEFAULT_RUNG]
 
-    rung: Literal[RUNGS + (CUSTOM_RUNG,)] = Field("naive", description="a rung of config/rungs.py, or custom")
-    shared_sketch: bool = False
-    backstop: bool = False
-    anchor: Literal["none", "A", "B"] = "none"
-    lambda_anc: float = Field(0.0, ge=0)
+
+class GaugeConfig(_Section):
+    """Gauge control; the ablation ladder's rungs are presets of these flags (config/rungs.py)."""
+
+    rung: Literal[RUNGS + (CUSTOM_RUNG,)] = Field(_DEFAULT_RUNG, description="a rung of config/rungs.py, or custom")
+    shared_sketch: bool = _DEFAULT_FLAGS["shared_sketch"]
+    backstop: bool = _DEFAULT_FLAGS["backstop"]
+    anchor: Literal["none", "A", "B"] = _DEFAULT_FLAGS["anchor"]
+    lambda_anc: float = Field(_DEFAULT_FLAGS["lambda_anc"], ge=0, description="weight of the anchor loss")
     anchor_landmarks: int = Field(128, ge=1, description="k: probe landmarks; must be >= latent_dim")
+    # 1e-10: the cross-covariance conditions like the product of both embeddings (docs/gauge.md)
     singular_floor: float = Field(1e-10, gt=0, description="relative floor on Procrustes singular values")
-    distill: bool = False
+    distill: bool = _DEFAULT_FLAGS["distill"]
     distill_steps: int = Field(50, ge=1)
     distill_lr: float = Field(1e-3, gt=0)
 
@@ -146,7 +157,6 @@ class FederationConfig(_Section):
     round_retries: int = Field(1, ge=0)
     quantize_int8: bool = False
     max_update_mb: float = Field(512.0, gt=0)
-    mode: Literal["fedavg_diloco", "fork_a"] = "fedavg_diloco"
     warmstart: str | None = Field(None, description="warm-start checkpoint folder; None: train one")
     state_dir: str | None = Field(None, description="participants' local state (default <run>/nodes)")
 
@@ -219,6 +229,23 @@ class LensembleConfig(_Section):
         """SHA-256 of the canonical JSON of the whole config (sorted keys)."""
         blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def schema_defaults(section: type[BaseModel] = LensembleConfig) -> dict:
+    """Every field of ``section`` at its default, as a plain (JSON-like) nested dict.
+
+    This is the base layer of Hydra composition, so every key exists before a group file or an
+    override touches it (``gauge.lambda_anc=10`` needs no ``+``). It is built from the field
+    defaults, not from ``model_dump``: the dump omits keys at their default to keep old hashes
+    (``model.predictor_attention``), and the base must still contain them.
+    """
+    out = {}
+    for name, field in section.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, _Section):
+            out[name] = schema_defaults(field.annotation)
+        else:
+            out[name] = to_jsonable_python(field.get_default(call_default_factory=True))
+    return out
 
 
 def validate_config(raw: dict) -> LensembleConfig:

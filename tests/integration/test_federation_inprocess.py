@@ -151,7 +151,7 @@ def test_drift_on_checkpoints_recovers_a_known_rotation(shared, tmp_path):
 def test_fork_a_federates_the_predictor_only(shared, tmp_path):
     import torch
 
-    cfg = _cfg(shared, "model.encoder_frozen=true", "federation.mode=fork_a")
+    cfg = _cfg(shared, "model.encoder_frozen=true")
     summary = run_inprocess(cfg, tmp_path / "fa", progress=False)
     warm = load_checkpoint(cfg.federation.warmstart)
     final = load_checkpoint(summary["final_checkpoint"])
