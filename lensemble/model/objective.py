@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lensemble.config.schema import ObjectiveConfig
+from lensemble.config.schema import GaugeConfig, ObjectiveConfig
 from lensemble.config.seeds import torch_generator
 from lensemble.model.sigreg import make_sketch, sigreg
 
@@ -67,12 +67,14 @@ class JEPAObjective:
     Args:
         objective_cfg: λ_pred, λ_sig, SIGReg knots / t_max, stop-gradient flag.
         anchor: optional ``anchor(model) -> scalar tensor`` (gauge anchor term).
-        lambda_anc: weight of the anchor term (``cfg.gauge.lambda_anc``). The anchor is not
-            evaluated when it is None or lambda_anc == 0; the anchor field is then 0.
+        lambda_anc: weight of the anchor term (``cfg.gauge.lambda_anc``). Its default is read from
+            the schema (GaugeConfig) so the two cannot disagree. The anchor is not evaluated when
+            it is None or lambda_anc == 0; the anchor field is then 0.
     """
 
     def __init__(
-        self, objective_cfg: ObjectiveConfig, *, anchor: AnchorFn | None = None, lambda_anc: float = 1.0
+        self, objective_cfg: ObjectiveConfig, *, anchor: AnchorFn | None = None,
+        lambda_anc: float = GaugeConfig.model_fields["lambda_anc"].default,
     ):
         if lambda_anc < 0:
             raise ValueError(f"lambda_anc must be >= 0, got {lambda_anc}")
