@@ -1,100 +1,101 @@
-"""Run a federation on one machine with the Flower apps.
+"""Run a federation on one machine: one function per engine, all driving the same rounds.
 
-:func:`launch_simulation` runs the real ServerApp and ClientApp
-(:mod:`lensemble.federation.flower`) with ``C = cfg.data.num_silos`` virtual SuperNodes whose node
-config holds ``partition-id`` / ``num-partitions``, either
+=================== =================================================================================
+engine              what runs
+=================== =================================================================================
+``ray``             :func:`run_on_ray`: the real ServerApp and ClientApp on Flower's simulation engine,
+                    one Ray actor (one CPU) per virtual SuperNode
+``flower-inprocess`` :func:`run_on_local_grid`: the real ServerApp and ClientApp on an in-process
+                    :class:`~lensemble.federation.flower.local_grid.LocalGrid` (threads, no Ray)
+``inprocess``       :func:`~lensemble.federation.inprocess.run_inprocess`: no Flower at all
+=================== =================================================================================
 
-- ``engine="ray"``: Flower's simulation engine on Ray, one CPU per virtual client (Ray's default
-  of two would run clients one after another on a 2-core machine), or
-- ``engine="inprocess"``: :class:`~lensemble.federation.flower.local_grid.LocalGrid`, threads in
-  this process, no Ray (seconds to start; tests and CI).
-
-The resolved config travels to both apps as ``config-json`` baked into the app factories, because
-Flower's Python ``run_simulation`` gives the apps an empty ``context.run_config``.
+All three give the same final checkpoint hash for the same config (a test checks it). The Flower
+engines run ``C = data.num_silos`` virtual nodes whose node config holds ``partition-id`` /
+``num-partitions``. The resolved config travels to both apps as ``config-json`` baked into the app
+factories, because Flower's Python ``run_simulation`` gives the apps an empty ``context.run_config``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+
+from flwr.simulation import run_simulation
 
 from lensemble.config.schema import LensembleConfig
 from lensemble.errors import ConfigError
+from lensemble.federation.coordinator import Coordinator
+from lensemble.federation.flower.client_app import make_client_app
+from lensemble.federation.flower.local_grid import serve_on_local_grid
+from lensemble.federation.flower.server_app import make_server_app
+from lensemble.federation.inprocess import run_inprocess
+from lensemble.federation.participant import participant_round
 
-Engine = Literal["ray", "inprocess"]
 
-
-def simulation_run_config(cfg: LensembleConfig, run_dir: str | Path, *, roles: str | None = None,
-                          progress: bool = True) -> dict:
+def simulation_run_config(cfg: LensembleConfig, run_dir: str | Path, *, progress: bool = True) -> dict:
     """The run configuration both apps receive in a simulation.
 
     Virtual nodes share this machine's disk, so their local state goes where the in-process engine
     puts it: ``federation.state_dir``, else ``<run_dir>/nodes``.
     """
-    from lensemble.federation.flower import DEFAULT_ROLES
-
     run_dir = Path(run_dir).resolve()
-    return {"config-json": cfg.model_dump_json(), "run-dir": str(run_dir),
-            "roles": roles or DEFAULT_ROLES, "progress": bool(progress),
+    return {"config-json": cfg.model_dump_json(), "run-dir": str(run_dir), "progress": bool(progress),
             "node-state-dir": str(cfg.federation.state_dir or run_dir / "nodes")}
 
 
-def launch_simulation(cfg: LensembleConfig, run_dir: str | Path, *, engine: Engine = "ray",
-                      progress: bool = True, roles: str | None = None) -> dict:
-    """Run ``cfg.federation.rounds`` DiLoCo rounds with ``cfg.data.num_silos`` virtual nodes.
-
-    Returns the coordinator's summary (``Coordinator.finish()``). ``roles`` names the module with
-    Coordinator / participant_round / Reply / NodeSpec (default ``lensemble.federation.roles``).
-    Errors raised by the coordinator (e.g. FaultToleranceExceeded) propagate.
-    """
-    from lensemble.federation.flower.client_app import make_client_app
-    from lensemble.federation.flower.server_app import make_server_app
-
-    run_config = simulation_run_config(cfg, run_dir, roles=roles, progress=progress)
+def _apps(cfg, run_dir, progress, coordinator, participant):
+    run_config = simulation_run_config(cfg, run_dir, progress=progress)
     Path(run_config["run-dir"]).mkdir(parents=True, exist_ok=True)
     result: dict = {}
-    server_app = make_server_app(run_config, on_finish=result.update)
-    client_app = make_client_app(run_config)
-    num_nodes = cfg.data.num_silos
+    server_app = make_server_app(coordinator, run_config=run_config, on_finish=result.update)
+    client_app = make_client_app(participant, run_config=run_config)
+    return server_app, client_app, run_config, result
 
-    if engine == "inprocess":
-        from lensemble.federation.flower.local_grid import run_inprocess
 
-        run_inprocess(server_app, client_app, num_nodes, run_config=run_config)
-    elif engine == "ray":
-        from flwr.simulation import run_simulation
-
-        run_simulation(
-            server_app=server_app,
-            client_app=client_app,
-            num_supernodes=num_nodes,
-            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                            "init_args": {"logging_level": "error", "log_to_driver": True}},
-        )
-    else:
-        raise ConfigError(f"unknown simulation engine {engine!r}", remediation="use 'ray' or 'inprocess'")
+def run_on_local_grid(cfg: LensembleConfig, run_dir: str | Path, *, progress: bool = True,
+                      coordinator: Callable = Coordinator, participant: Callable = participant_round) -> dict:
+    """The Flower apps on an in-process grid (threads, no Ray); returns the coordinator's summary."""
+    server_app, client_app, run_config, result = _apps(cfg, run_dir, progress, coordinator, participant)
+    serve_on_local_grid(server_app, client_app, cfg.data.num_silos, run_config=run_config)
     return result
 
 
-__all__ = ["launch_simulation", "simulation_run_config"]
+def run_on_ray(cfg: LensembleConfig, run_dir: str | Path, *, progress: bool = True,
+               coordinator: Callable = Coordinator, participant: Callable = participant_round) -> dict:
+    """The Flower apps on Flower's Ray simulation engine; returns the coordinator's summary.
+
+    One CPU per virtual client: Ray's default of two would run clients one after another on a
+    2-core machine.
+    """
+    server_app, client_app, _, result = _apps(cfg, run_dir, progress, coordinator, participant)
+    run_simulation(
+        server_app=server_app,
+        client_app=client_app,
+        num_supernodes=cfg.data.num_silos,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                        "init_args": {"logging_level": "error", "log_to_driver": True}},
+    )
+    return result
+
+
+ENGINES: dict[str, Callable[..., dict]] = {
+    "ray": run_on_ray,
+    "flower-inprocess": run_on_local_grid,
+    "inprocess": run_inprocess,
+}
 
 
 def run_federated_simulation(cfg: LensembleConfig, run_dir: str | Path | None = None, *,
                              engine: str = "ray", progress: bool = True) -> dict:
     """Run (or resume) a federated DiLoCo training on one machine; return the run summary.
 
-    ``engine``: "ray" (Flower's simulation engine, one CPU per virtual client), "flower-inprocess"
-    (the real Flower apps on an in-process grid, no Ray) or "inprocess" (no Flower at all). All
-    three drive the same participant and coordinator code and give the same final checkpoint hash.
-    ``run_dir`` defaults to ``cfg.run_dir``.
+    ``engine`` is one of :data:`ENGINES` (see the module docstring). ``run_dir`` defaults to
+    ``cfg.run_dir``.
     """
-    run_dir = Path(run_dir or cfg.run_dir)
-    if engine == "inprocess":
-        from lensemble.federation.inprocess import run_inprocess
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown engine {engine!r}", remediation="use " + ", ".join(ENGINES))
+    return ENGINES[engine](cfg, Path(run_dir or cfg.run_dir), progress=progress)
 
-        return run_inprocess(cfg, run_dir, progress=progress)
-    if engine == "flower-inprocess":
-        return launch_simulation(cfg, run_dir, engine="inprocess", progress=progress)
-    if engine == "ray":
-        return launch_simulation(cfg, run_dir, engine="ray", progress=progress)
-    raise ConfigError(f"unknown engine {engine!r}", remediation="use ray, flower-inprocess or inprocess")
+
+__all__ = ["ENGINES", "run_federated_simulation", "run_on_ray", "run_on_local_grid", "simulation_run_config"]

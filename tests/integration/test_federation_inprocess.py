@@ -7,7 +7,7 @@ import pytest
 from lensemble.artifacts.checkpoint import load_checkpoint
 from lensemble.config import load_config
 from lensemble.errors import FaultToleranceExceeded, PrivacyBudgetExceeded
-from lensemble.federation import roles
+from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.inprocess import run_inprocess
 
 
@@ -53,17 +53,17 @@ def test_killed_coordinator_resumes_bitwise(shared, tmp_path, monkeypatch):
     cfg = _cfg(shared, "gauge=backstop", "federation.rounds=3")
     straight = run_inprocess(cfg, tmp_path / "straight", progress=False)
 
-    real_close = roles.Coordinator.close_round
+    real_close = Coordinator.close_round
 
     def dies_in_round_1(self, t, *a, **k):
         if t == 1:  # participants already trained round 1 and saved their inner state
             raise KeyboardInterrupt("coordinator killed")
         return real_close(self, t, *a, **k)
 
-    monkeypatch.setattr(roles.Coordinator, "close_round", dies_in_round_1)
+    monkeypatch.setattr(Coordinator, "close_round", dies_in_round_1)
     with pytest.raises(KeyboardInterrupt):
         run_inprocess(cfg, tmp_path / "killed", progress=False)
-    monkeypatch.setattr(roles.Coordinator, "close_round", real_close)
+    monkeypatch.setattr(Coordinator, "close_round", real_close)
     resumed = run_inprocess(cfg, tmp_path / "killed", progress=False)
     assert resumed["final_hash"] == straight["final_hash"]
 

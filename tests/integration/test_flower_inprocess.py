@@ -1,4 +1,4 @@
-"""The real ServerApp and ClientApp on the in-process grid, with the fake roles (fake_roles.py).
+"""The real ServerApp and ClientApp on the in-process grid, with the fake sides (fake_federation.py).
 
 Fast: no Ray, no sockets. Covers the round loop, config plumbing with and without
 ``context.run_config``, wire-byte accounting, the egress guard, failing and slow nodes, retries.
@@ -11,15 +11,15 @@ import time
 import tomllib
 from pathlib import Path
 
-import fake_roles
+import fake_federation as fake
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
 from lensemble.errors import FaultToleranceExceeded, ResidencyViolation
-from lensemble.federation.flower import RUN_CONFIG_DEFAULTS, load_roles
+from lensemble.federation.flower import RUN_CONFIG_DEFAULTS
 from lensemble.federation.flower.client_app import make_client_app
-from lensemble.federation.flower.local_grid import LocalGrid, run_inprocess
+from lensemble.federation.flower.local_grid import LocalGrid, serve_on_local_grid
 from lensemble.federation.flower.records import (
     arrays_to_record,
     config_to_record,
@@ -31,9 +31,17 @@ from lensemble.federation.flower.records import (
     reply_to_content,
 )
 from lensemble.federation.flower.server_app import make_server_app
+from lensemble.federation.messages import Reply
 
 ROOT = Path(__file__).resolve().parents[2]
-ROLES = "fake_roles"
+
+
+def server(rc=None):
+    return make_server_app(fake.Coordinator, run_config=rc)
+
+
+def client(rc=None):
+    return make_client_app(fake.participant_round, run_config=rc)
 
 
 def _prepare(tmp_path: Path, overrides: str = "", behaviour: dict | None = None) -> tuple[Path, dict]:
@@ -42,7 +50,7 @@ def _prepare(tmp_path: Path, overrides: str = "", behaviour: dict | None = None)
     if behaviour:
         (run_dir / "behaviour.json").write_text(json.dumps(behaviour))
     rc = {"overrides": f"experiment=micro {overrides}".strip(), "run-dir": str(run_dir),
-          "roles": ROLES, "progress": True, "node-state-dir": str(run_dir / "nodes")}
+          "progress": True, "node-state-dir": str(run_dir / "nodes")}
     return run_dir, rc
 
 
@@ -53,7 +61,7 @@ def _lines(run_dir: Path, name: str = "rounds.jsonl") -> list[dict]:
 
 def _run(tmp_path, overrides="", behaviour=None, num_nodes=2):
     run_dir, rc = _prepare(tmp_path, overrides, behaviour)
-    run_inprocess(make_server_app(rc), make_client_app(rc), num_nodes, run_config=rc)
+    serve_on_local_grid(server(rc), client(rc), num_nodes, run_config=rc)
     return run_dir
 
 
@@ -62,9 +70,9 @@ def test_two_nodes_two_rounds(tmp_path, plumbing):
     """Both replies reach the coordinator every round, whichever way the run config arrives."""
     run_dir, rc = _prepare(tmp_path)
     if plumbing == "context":  # like `flwr run`: apps read context.run_config
-        run_inprocess(make_server_app(), make_client_app(), 2, run_config=rc)
+        serve_on_local_grid(server(), client(), 2, run_config=rc)
     else:  # like flwr's run_simulation: empty context.run_config, config baked into the apps
-        run_inprocess(make_server_app(rc), make_client_app(rc), 2, run_config={})
+        serve_on_local_grid(server(rc), client(rc), 2, run_config={})
     rounds = _lines(run_dir)
     assert [r["round"] for r in rounds] == [0, 1]
     for r in rounds:
@@ -76,11 +84,11 @@ def test_two_nodes_two_rounds(tmp_path, plumbing):
     assert (run_dir / "nodes" / "silo-1" / "rounds_seen.txt").read_text() == "2"
     assert "note" not in rounds[0]["metrics"]["silo-0"] and rounds[0]["metrics"]["silo-0"]["ok"] == 1
     # the coordinator's public extras reached every participant
-    extras = fake_roles.Coordinator.extras
+    extras = fake.Coordinator.extras
     assert rounds[0]["metrics"]["silo-1"]["extras_sum"] == sum(float(v.sum()) for v in extras.values())
     # bytes on the wire: global and extras once per node, plus each reply's delta and probe arrays
-    glob = arrays_to_record({**{k: np.zeros(s, np.float32) for k, s in fake_roles.SHAPES.items()}, **extras})
-    delta = arrays_to_record({"fp32": np.zeros(fake_roles.NUMEL, np.float32)})
+    glob = arrays_to_record({**{k: np.zeros(s, np.float32) for k, s in fake.SHAPES.items()}, **extras})
+    delta = arrays_to_record({"fp32": np.zeros(fake.NUMEL, np.float32)})
     probe = arrays_to_record({"embeddings": np.zeros((4, 2), np.float32)})
     assert rounds[0]["wire_bytes"] == 2 * record_nbytes(glob) + 2 * (record_nbytes(delta) + record_nbytes(probe))
     # outer step with lr 1: the mean of 0.1 and 0.2, twice
@@ -91,40 +99,40 @@ def test_two_nodes_two_rounds(tmp_path, plumbing):
 
 def test_resume_runs_only_remaining_rounds(tmp_path):
     run_dir = _run(tmp_path, "federation.rounds=1")
-    rc = {"overrides": "experiment=micro federation.rounds=2", "run-dir": str(run_dir), "roles": ROLES,
+    rc = {"overrides": "experiment=micro federation.rounds=2", "run-dir": str(run_dir),
           "node-state-dir": str(run_dir / "nodes")}
-    run_inprocess(make_server_app(rc), make_client_app(rc), 2)
+    serve_on_local_grid(server(rc), client(rc), 2)
     assert [r["round"] for r in _lines(run_dir)] == [0, 1]
 
 
 def test_egress_guard_refuses_extra_fields_and_records():
-    good = fake_roles.Reply(round_index=0, payload={"fp32": np.zeros(7, np.float32)},
+    good = Reply(round_index=0, payload={"fp32": np.zeros(7, np.float32)},
                             probe_embeddings=np.zeros((4, 2), np.float32), metrics={"loss": 1.0})
     content = reply_to_content(good, partition_id=3)
     assert set(content.keys()) == {"delta", "probe", "metrics"}
-    back, pid = content_to_reply(content, fake_roles.Reply)
+    back, pid = content_to_reply(content, Reply)
     assert pid == 3 and back.metrics == {"loss": 1.0}
 
-    leaky = fake_roles.LeakyReply(**vars(good), raw_observations=np.zeros((1, 4, 4, 3), np.uint8))
+    leaky = fake.LeakyReply(**vars(good), raw_observations=np.zeros((1, 4, 4, 3), np.uint8))
     with pytest.raises(ResidencyViolation, match="raw_observations"):
         reply_to_content(leaky, partition_id=0)
-    hidden = fake_roles.Reply(round_index=0, payload={"fp32": np.zeros(7, np.float32), "obs": np.zeros(3)},
+    hidden = Reply(round_index=0, payload={"fp32": np.zeros(7, np.float32), "obs": np.zeros(3)},
                               probe_embeddings=good.probe_embeddings, metrics={})
     with pytest.raises(ResidencyViolation):
         reply_to_content(hidden, partition_id=0)
     with pytest.raises(ResidencyViolation):
-        reply_to_content(fake_roles.Reply(0, good.payload, good.probe_embeddings,
+        reply_to_content(Reply(0, good.payload, good.probe_embeddings,
                                           {"x": np.zeros(2)}), partition_id=0)
     with pytest.raises(ResidencyViolation, match="reserved"):
-        reply_to_content(fake_roles.Reply(0, good.payload, good.probe_embeddings,
+        reply_to_content(Reply(0, good.payload, good.probe_embeddings,
                                           {"lensemble/partition-id": 7}), partition_id=0)
     # the server refuses a reply carrying anything beyond the three records
     smuggled = RecordDict({**dict(content.items()), "raw": arrays_to_record({"x": np.zeros(2)})})
     with pytest.raises(ResidencyViolation):
-        content_to_reply(smuggled, fake_roles.Reply)
+        content_to_reply(smuggled, Reply)
     extra_cfg = RecordDict({**dict(content.items()), "note": ConfigRecord({"path": "/data/site0"})})
     with pytest.raises(ResidencyViolation):
-        content_to_reply(extra_cfg, fake_roles.Reply)
+        content_to_reply(extra_cfg, Reply)
 
 
 def test_leaking_participant_stops_the_run(tmp_path):
@@ -168,12 +176,12 @@ def test_slow_node_is_dropped_without_hanging(tmp_path):
 
 def test_too_few_nodes_online_fails_after_the_deadline(tmp_path):
     run_dir, rc = _prepare(tmp_path, "federation.round_timeout_s=1.0 federation.round_retries=0")
-    client = make_client_app(rc)
-    grid = LocalGrid(client, 2, run_config=rc)
+    app = client(rc)
+    grid = LocalGrid(app, 2, run_config=rc)
     grid.offline.add(list(grid.get_node_ids())[1])
     start = time.monotonic()
     with pytest.raises(FaultToleranceExceeded, match="online"):
-        run_inprocess(make_server_app(rc), client, 2, grid=grid)
+        serve_on_local_grid(server(rc), app, 2, grid=grid)
     assert time.monotonic() - start < 10
 
 
@@ -198,45 +206,46 @@ def test_run_config_defaults_match_pyproject():
     assert app["config"] == RUN_CONFIG_DEFAULTS
     assert app["components"] == {"serverapp": "lensemble.federation.flower.server_app:app",
                                  "clientapp": "lensemble.federation.flower.client_app:app"}
-    load_roles(ROLES)
 
 
 @pytest.mark.slow
 def test_ray_simulation_smoke(tmp_path, monkeypatch):
     """The same apps on Flower's Ray engine: 1 round, 2 virtual clients of one CPU each."""
     from lensemble.config import load_config
-    from lensemble.federation.simulation import launch_simulation
+    from lensemble.federation.simulation import run_on_ray
 
-    # flwr's Ray backend exports the driver's sys.path as PYTHONPATH (so workers find fake_roles);
-    # monkeypatch puts the variable back afterwards.
-    monkeypatch.setenv("PYTHONPATH", str(Path(fake_roles.__file__).parent))
+    # flwr's Ray backend exports the driver's sys.path as PYTHONPATH (so workers can unpickle the
+    # fakes); monkeypatch puts the variable back afterwards.
+    monkeypatch.setenv("PYTHONPATH", str(Path(fake.__file__).parent))
     cfg = load_config(["experiment=micro", "federation.rounds=1"])
-    summary = launch_simulation(cfg, tmp_path / "run", engine="ray", progress=True, roles=ROLES)
+    summary = run_on_ray(cfg, tmp_path / "run", progress=True, coordinator=fake.Coordinator,
+                         participant=fake.participant_round)
     assert summary["rounds"] == 1
     (r,) = _lines(tmp_path / "run")
     assert r["participants"] == ["silo-0", "silo-1"] and r["failures"] == {}
 
 
-def test_launch_simulation_inprocess(tmp_path):
+def test_run_on_local_grid(tmp_path):
     from lensemble.config import load_config
-    from lensemble.federation.simulation import launch_simulation
+    from lensemble.federation.simulation import run_on_local_grid
 
     cfg = load_config(["experiment=micro"])
-    summary = launch_simulation(cfg, tmp_path / "run", engine="inprocess", progress=False, roles=ROLES)
+    summary = run_on_local_grid(cfg, tmp_path / "run", progress=False, coordinator=fake.Coordinator,
+                                participant=fake.participant_round)
     assert summary["rounds"] == cfg.federation.rounds
     assert len(_lines(tmp_path / "run")) == cfg.federation.rounds
 
 
-def test_real_roles_match_the_framework_free_engine(tmp_path):
+def test_real_sides_match_the_framework_free_engine(tmp_path):
     """Real Coordinator and participants through the Flower apps (protobuf copies, threads) give
     bitwise the checkpoint chain of the framework-free in-process engine."""
     from lensemble.config import load_config
-    from lensemble.federation.inprocess import run_inprocess as run_reference
-    from lensemble.federation.simulation import launch_simulation
+    from lensemble.federation.inprocess import run_inprocess
+    from lensemble.federation.simulation import run_on_local_grid
 
     cfg = load_config(["experiment=micro"])
-    flower = launch_simulation(cfg, tmp_path / "flower", engine="inprocess", progress=False)
-    reference = run_reference(cfg, tmp_path / "reference", progress=False)
+    flower = run_on_local_grid(cfg, tmp_path / "flower", progress=False)
+    reference = run_inprocess(cfg, tmp_path / "reference", progress=False)
     assert flower["rounds_completed"] == reference["rounds_completed"] == cfg.federation.rounds
     assert flower["final_hash"] == reference["final_hash"]
     last = flower["rounds"][-1]

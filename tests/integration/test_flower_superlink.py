@@ -2,11 +2,11 @@
 
 - the FAB: under 10 MB, holds lensemble/ and configs/*.yaml, nothing else from the checkout;
 - one SuperLink + two SuperNodes (insecure loopback) running two rounds via
-  ``flwr run . <federation> --stream`` with the fake roles (slow);
+  ``flwr run . <federation> --stream`` with the fake sides (fake_apps.py, slow);
 - TLS + node authentication: a registered EC key gets in, an unregistered one is refused (slow).
 
-The fake roles module reaches the ServerApp / ClientApp processes through PYTHONPATH (tests are not
-part of the FAB). Every process started here is stopped by PID in a finally block.
+The fake apps reach the ServerApp / ClientApp processes through PYTHONPATH (tests are not part of
+the FAB). Every process started here is stopped by PID in a finally block.
 """
 
 from __future__ import annotations
@@ -18,11 +18,22 @@ from pathlib import Path
 
 import pytest
 
-from lensemble.federation.flower import superlink as sl
+import flower_processes as sl
 
 ROOT = Path(__file__).resolve().parents[2]
-FAKE_ROLES_PATH = {"PYTHONPATH": str(Path(__file__).resolve().parent)}
+FAKES_PATH = {"PYTHONPATH": str(Path(__file__).resolve().parent)}
 FAB_MAX_BYTES = 10 * 1024 * 1024
+
+
+def use_fake_apps(app: Path) -> None:
+    """Point the staged app's components at the fake sides (tests/integration/fake_apps.py)."""
+    pyproject = app / "pyproject.toml"
+    text = pyproject.read_text()
+    for real, fake in (("lensemble.federation.flower.server_app:app", "fake_apps:serverapp"),
+                       ("lensemble.federation.flower.client_app:app", "fake_apps:clientapp")):
+        assert real in text
+        text = text.replace(real, fake)
+    pyproject.write_text(text)
 
 
 def test_fab_is_small_and_carries_the_configs(tmp_path):
@@ -48,25 +59,26 @@ def test_fab_is_small_and_carries_the_configs(tmp_path):
 @pytest.mark.slow
 def test_superlink_two_supernodes_two_rounds(tmp_path):
     app = sl.stage_app(ROOT, tmp_path / "lensemble")  # same FAB as the checkout, without its .venv
+    use_fake_apps(app)
     run_dir = tmp_path / "run"
     procs: list[sl.FlowerProcess] = []
     try:
-        link = sl.start_superlink(tmp_path, env_extra=FAKE_ROLES_PATH)
+        link = sl.start_superlink(tmp_path, env_extra=FAKES_PATH)
         procs.append(link)
         address = f"{sl.LOOPBACK}:{link.port}"
         for i in range(2):
             procs.append(sl.start_supernode(tmp_path, f"site{i}", superlink=address,
                                             node_config={"partition-id": i, "num-partitions": 2,
                                                          "state-dir": str(tmp_path / f"state{i}")},
-                                            env_extra=FAKE_ROLES_PATH, ready_timeout_s=None))
+                                            env_extra=FAKES_PATH, ready_timeout_s=None))
         for node in procs[1:]:
             sl.wait_for_port(node, sl.LOOPBACK, node.port, 60)
         cli_home = tmp_path / "cli-home"
         sl.write_cli_config(cli_home, {"loopback": {"address": address, "insecure": True}})
         run_config = (f"overrides='experiment=micro federation.rounds=2 federation.round_timeout_s=120' "
-                      f"run-dir='{run_dir}' roles='fake_roles'")
+                      f"run-dir='{run_dir}'")
         res = sl.flwr_cli(["run", ".", "loopback", "--stream", "--run-config", run_config],
-                          home=cli_home, cwd=app, timeout_s=300)
+                          home=cli_home, cwd=app, timeout_s=300, env_extra=FAKES_PATH)
         out = res.stdout + res.stderr
         assert res.returncode == 0, out
         assert "[lensemble] round 2/2: 2/2 replies" in out, out

@@ -3,8 +3,10 @@
 Per message: read the node's identity from ``context.node_config`` (``partition-id``, optional
 ``data-path`` and ``state-dir``), decode the global arrays, the round config and the optional
 public ``extras`` arrays, rebuild the run's config from the round config's ``config-json`` (so a
-SuperNode needs no config files of its own), call ``participant_round`` from the roles module, and reply with only ``delta``, ``probe`` and
-``metrics`` (:func:`~lensemble.federation.flower.records.reply_to_content` enforces that).
+SuperNode needs no config files of its own), call the participant function
+(:func:`~lensemble.federation.participant.participant_round` unless a test passes another), and
+reply with only ``delta``, ``probe`` and ``metrics``
+(:func:`~lensemble.federation.flower.records.reply_to_content` enforces that).
 
 Any exception, ResidencyViolation included, becomes a Flower error reply; the coordinator counts
 it as a failure for this round. Flower's CLI loads the module-level ``app``; Python launchers call
@@ -14,16 +16,17 @@ it as a failure for this round. Flower's CLI loads the module-level ``app``; Pyt
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from lensemble.config.schema import LensembleConfig, validate_config
 from lensemble.errors import ConfigError
-from lensemble.federation.flower import load_roles, merge_run_config
+from lensemble.federation.flower import merge_run_config
 from lensemble.federation.flower.records import (
     ARRAYS,
     CONFIG,
@@ -32,6 +35,8 @@ from lensemble.federation.flower.records import (
     record_to_config,
     reply_to_content,
 )
+from lensemble.federation.messages import NodeSpec
+from lensemble.federation.participant import participant_round
 
 PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
@@ -41,8 +46,6 @@ STATE_DIR = "state-dir"
 
 def _single_thread() -> None:
     # Virtual clients get one CPU each (Ray num_cpus=1); more intra-op threads only fight.
-    import torch
-
     if torch.get_num_threads() != 1:
         torch.set_num_threads(1)
 
@@ -61,7 +64,7 @@ def default_state_dir(cfg: LensembleConfig, run_config: Mapping[str, Any]) -> Pa
 
     ``node-state-dir`` baked in by a Python launcher (simulation: the coordinator's
     ``<run>/nodes``), else ``federation.state_dir``, else ``~/.cache/lensemble/state/<config hash>``
-    on the node's own disk. The roles module adds a per-participant folder below it.
+    on the node's own disk. The participant adds a per-participant folder below it.
     """
     if run_config.get("node-state-dir"):
         return Path(str(run_config["node-state-dir"]))
@@ -70,8 +73,8 @@ def default_state_dir(cfg: LensembleConfig, run_config: Mapping[str, Any]) -> Pa
     return Path.home() / ".cache" / "lensemble" / "state" / cfg.config_hash()[:12]
 
 
-def node_spec(context: Context, cfg: LensembleConfig, node_cls: type, run_config: Mapping[str, Any]):
-    """Build the roles module's ``NodeSpec`` from the node's config (see :func:`default_state_dir`)."""
+def node_spec(context: Context, cfg: LensembleConfig, run_config: Mapping[str, Any]) -> NodeSpec:
+    """This node's ``NodeSpec`` from its node config (see :func:`default_state_dir`)."""
     nc = context.node_config
     if PARTITION_ID not in nc:
         raise ConfigError("this node has no 'partition-id' in its node config",
@@ -91,34 +94,35 @@ def node_spec(context: Context, cfg: LensembleConfig, node_cls: type, run_config
     data_path = str(nc[DATA_PATH]) if nc.get(DATA_PATH) else None
     state_dir = Path(str(nc[STATE_DIR])) if nc.get(STATE_DIR) else default_state_dir(cfg, run_config)
     state_dir.mkdir(parents=True, exist_ok=True)
-    return node_cls(partition_id=pid, data_path=data_path, state_dir=str(state_dir))
+    return NodeSpec(partition_id=pid, data_path=data_path, state_dir=str(state_dir))
 
 
-def handle_train(msg: Message, context: Context, baked: Mapping[str, Any] | None = None) -> Message:
+def handle_train(msg: Message, context: Context, participant: Callable = participant_round,
+                 baked: Mapping[str, Any] | None = None) -> Message:
     """One participant round for one "train" message; returns the guarded reply."""
     _single_thread()
     run_config = merge_run_config(context.run_config, baked)
-    roles = load_roles(str(run_config["roles"]))
     global_arrays = record_to_arrays(msg.content[ARRAYS])
     round_config = record_to_config(msg.content[CONFIG])
     cfg = config_from_round(round_config)
-    node = node_spec(context, cfg, roles.NodeSpec, run_config)
-    if EXTRAS in msg.content:  # public side inputs, e.g. anchor targets
-        extras = record_to_arrays(msg.content[EXTRAS])
-        reply = roles.participant_round(cfg, node, global_arrays, round_config, extras)
-    else:
-        reply = roles.participant_round(cfg, node, global_arrays, round_config)
+    node = node_spec(context, cfg, run_config)
+    extras = record_to_arrays(msg.content[EXTRAS]) if EXTRAS in msg.content else None  # e.g. anchor targets
+    reply = participant(cfg, node, global_arrays, round_config, extras)
     return Message(reply_to_content(reply, partition_id=node.partition_id), reply_to=msg)
 
 
-def make_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
-    """A ClientApp whose run configuration is ``run_config`` over ``context.run_config``."""
+def make_client_app(participant: Callable = participant_round, *,
+                    run_config: Mapping[str, Any] | None = None) -> ClientApp:
+    """A ClientApp that answers "train" with ``participant(cfg, node, global, round_config, extras)``.
+
+    ``run_config`` is laid over ``context.run_config``.
+    """
     baked = dict(run_config or {})
     client = ClientApp()
 
     @client.train()
     def train(msg: Message, context: Context) -> Message:
-        return handle_train(msg, context, baked)
+        return handle_train(msg, context, participant, baked)
 
     return client
 

@@ -195,7 +195,7 @@ class LocalGrid(Grid):
         self.close()
 
 
-def run_inprocess(server_app: ServerApp, client_app: ClientApp, num_nodes: int, *,
+def serve_on_local_grid(server_app: ServerApp, client_app: ClientApp, num_nodes: int, *,
                   run_config: Mapping[str, Any] | None = None,
                   node_configs: list[Mapping[str, Any]] | None = None,
                   grid: LocalGrid | None = None) -> Context:
@@ -214,4 +214,4 @@ def run_inprocess(server_app: ServerApp, client_app: ClientApp, num_nodes: int, 
     return context
 
 
-__all__ = ["LocalGrid", "run_inprocess"]
+__all__ = ["LocalGrid", "serve_on_local_grid"]

@@ -27,6 +27,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from lensemble.errors import ResidencyViolation
+from lensemble.federation.messages import Reply
 from lensemble.federation.validation import check_egress
 
 log = logging.getLogger(__name__)
@@ -49,20 +50,6 @@ ROUND_KEY = RESERVED_PREFIX + "round-index"
 PARTITION_KEY = RESERVED_PREFIX + "partition-id"
 # Fields a Reply may have; an object with more is refused (the allow-list covers the Python side too).
 REPLY_FIELDS = frozenset({"round_index", "payload", "probe_embeddings", "metrics"})
-
-
-def participant_id(partition_id: int, node_cls: type | None = None) -> str:
-    """The coordinator's key for a participant.
-
-    The roles module's ``NodeSpec(...).participant_id`` when it defines one (so every engine
-    labels silos alike), else ``p0000``-style (zero-padded: string order equals silo order).
-    """
-    if node_cls is not None:
-        try:
-            return str(node_cls(partition_id=int(partition_id), data_path=None, state_dir="").participant_id)
-        except (AttributeError, TypeError):
-            pass
-    return f"p{int(partition_id):04d}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,8 +194,8 @@ def check_reply_content(content: RecordDict) -> None:
         raise ResidencyViolation(f"reply record 'probe' must hold exactly one array {PROBE_ARRAY!r}")
 
 
-def content_to_reply(content: RecordDict, reply_cls: type) -> tuple[Any, int]:
-    """Server side: a reply's RecordDict -> ``(reply_cls(...), partition_id)``.
+def content_to_reply(content: RecordDict, reply_cls: type = Reply) -> tuple[Any, int]:
+    """Server side: a reply's RecordDict -> ``(reply_cls(...), partition_id)`` (default: a Reply).
 
     Raises ResidencyViolation for records outside the allow-list and ValueError when the
     bookkeeping scalars are missing; the server turns either into a failure for that participant.
@@ -239,7 +226,7 @@ def reply_nbytes(content: RecordDict) -> int:
 
 __all__ = [
     "ARRAYS", "CONFIG", "EXTRAS", "DELTA", "PROBE", "METRICS", "REPLY_RECORDS", "PROBE_ARRAY",
-    "ROUND_KEY", "PARTITION_KEY", "participant_id",
+    "ROUND_KEY", "PARTITION_KEY",
     "arrays_to_record", "record_to_arrays", "record_nbytes", "copy_record",
     "config_to_record", "record_to_config", "metrics_to_record",
     "reply_to_content", "check_reply_content", "content_to_reply", "reply_nbytes",

@@ -1,6 +1,8 @@
-"""A stand-in roles module for testing the Flower adapters without the learning stack.
+"""A stand-in coordinator and participant for testing the Flower adapters without the learning stack.
 
-It follows the "Federation roles" contract (docs/CONTRACTS.md) with a two-tensor "model":
+The ServerApp / ClientApp factories take them as objects (``make_server_app(Coordinator)``,
+``make_client_app(participant_round)``); they follow the contract of docs/CONTRACTS.md
+("Federation sides") with a two-tensor "model":
 ``a`` float32 (3,) and ``b`` float32 (2, 2), both zero at the start. Participant ``p`` (labelled
 ``silo-p`` like the real NodeSpec) always returns the pseudo-gradient ``0.1 * (p + 1)`` in every
 coordinate (codec form ``{"fp32": ...}``), a (4, 2) probe embedding and a few metrics, one of which
@@ -29,33 +31,15 @@ from pathlib import Path
 import numpy as np
 
 from lensemble.errors import FaultToleranceExceeded
+from lensemble.federation.messages import NodeSpec, Reply
 
 SHAPES = {"a": (3,), "b": (2, 2)}
 NUMEL = sum(int(np.prod(s)) for s in SHAPES.values())
 
 
 @dataclass
-class Reply:
-    round_index: int
-    payload: dict
-    probe_embeddings: np.ndarray
-    metrics: dict
-
-
-@dataclass
 class LeakyReply(Reply):
     raw_observations: np.ndarray = None  # must never leave a silo
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    partition_id: int
-    data_path: str | None
-    state_dir: str
-
-    @property
-    def participant_id(self) -> str:
-        return f"silo-{self.partition_id}"
 
 
 def _flatten(arrays: dict) -> np.ndarray:

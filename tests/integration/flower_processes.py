@@ -1,4 +1,4 @@
-"""Start and stop Flower's SuperLink and SuperNodes as local processes (loopback tests, examples).
+"""Start and stop Flower's SuperLink and SuperNodes as local processes (the loopback tests).
 
 Each process gets its own ``FLWR_HOME`` (Flower keeps CLI config, installed FABs and state there),
 telemetry and update checks off, runtime dependency installation off, and the current venv's
@@ -178,18 +178,6 @@ def wait_for_port(proc: FlowerProcess, host: str, port: int, deadline_s: float) 
         time.sleep(0.2)
     raise TimeoutError(f"{proc.name} did not listen on {host}:{port} within {deadline_s:g} s:\n"
                        f"{proc.log_text()[-3000:]}")
-
-
-def wait_for_log(proc: FlowerProcess, text: str, deadline_s: float) -> bool:
-    """True once ``text`` appears in the process log; False after ``deadline_s`` or if it exits."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if text in proc.log_text():
-            return True
-        if not proc.alive():
-            return text in proc.log_text()
-        time.sleep(0.2)
-    return False
 
 
 @dataclass(frozen=True)
@@ -387,7 +375,7 @@ def stage_app(src_root: Path | str, dest: Path | str) -> Path:
 
 __all__ = [
     "LOOPBACK", "FlowerProcess", "TLSFiles", "venv_bin", "flower_env", "free_port", "port_open",
-    "descendants", "wait_for_port", "wait_for_log", "start_superlink", "start_supernode",
+    "descendants", "wait_for_port", "start_superlink", "start_supernode",
     "node_config_arg", "stop_all", "write_cli_config", "flwr_cli", "make_tls_files",
     "make_node_key", "stage_app",
 ]

@@ -1,0 +1,155 @@
+"""The participant's side of a DiLoCo round, framework-free: what one silo does with the global.
+
+Round t (DESIGN.md §4): load the global weights, run H inner AdamW steps on the silo's own clips
+(the inner optimizer state stays on the silo's disk across rounds), then, in this order
+(INV-ALIGN-BEFORE-RELEASE): backstop alignment of the full weights and re-difference, clip, DP
+noise, int8. The reply carries the encoded pseudo-gradient, the local encoder's (unaligned)
+embeddings of the public probe, and scalars; the egress guard checks it before it leaves.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lensemble.config.schema import LensembleConfig
+from lensemble.config.seeds import torch_generator
+from lensemble.data.clips import ClipSampler
+from lensemble.data.collect import load_silo
+from lensemble.data.store import ensure_data, probe_frames
+from lensemble.errors import DegenerateProcrustes
+from lensemble.federation.messages import NodeSpec, Reply
+from lensemble.federation.privacy import PrivacyLedger
+from lensemble.federation.pseudograd import participant_pipeline, pseudo_gradient
+from lensemble.federation.state import federated_keys, to_tensors
+from lensemble.gauge.anchor import FrameAnchor
+from lensemble.gauge.backstop import align_and_redifference
+from lensemble.gauge.drift import drift_magnitudes
+from lensemble.model.encoder import embed_frames
+from lensemble.model.objective import sketch_for_round, sketch_for_step
+from lensemble.model.world_model import WorldModel, architecture, world_model_from_state
+from lensemble.training.loop import InnerLoop
+
+
+@lru_cache(maxsize=8)
+def _silo_sampler(folder: str, silo: int, clip_len: int, block: int) -> ClipSampler:
+    # Cached per process: a simulation actor serves many rounds of the same silo.
+    return ClipSampler([load_silo(folder, silo, "train")], clip_len, block)
+
+
+def round_sketch_fn(cfg: LensembleConfig, t: int, site: str):
+    """SIGReg sketch schedule inside round t: shared per round (rung >= 2) or per-site fresh."""
+    d, s = cfg.model.latent_dim, cfg.objective.sigreg_directions
+    if cfg.gauge.shared_sketch:
+        a = sketch_for_round(cfg.root_seed, t, d, s)
+        return lambda i: a
+    h = cfg.federation.inner_steps
+    return lambda i: sketch_for_step(cfg.root_seed, t * h + i, d, s, site=site)
+
+
+def make_anchor(cfg: LensembleConfig, model: WorldModel, probe: torch.Tensor, targets: torch.Tensor,
+                landmark_idx: torch.Tensor):
+    """The pluggable anchor term ``anchor(model) -> scalar`` for the objective, or None."""
+    if cfg.gauge.anchor == "none" or cfg.gauge.lambda_anc == 0:
+        return None
+    anchor = FrameAnchor(targets, landmark_idx, cfg.gauge.anchor, singular_floor=cfg.gauge.singular_floor)
+    frames = probe[anchor.landmark_idx]
+    return lambda m: anchor(m.encoder(frames))
+
+
+def _latest_state(state_dir: Path, before_round: int) -> Path | None:
+    # Inner state is kept per round so replaying a round after a coordinator restart starts from
+    # exactly the state it started from the first time (bitwise resume).
+    found = sorted(p for p in state_dir.glob("inner-after-*.pt") if int(p.stem.split("-")[-1]) < before_round)
+    return found[-1] if found else None
+
+
+def participant_round(cfg: LensembleConfig, node: NodeSpec, global_arrays: dict[str, np.ndarray],
+                      round_config: dict, extras: dict[str, np.ndarray] | None = None) -> Reply:
+    """Run one DiLoCo round on one silo and return what may leave it.
+
+    ``round_config`` carries "round", "inner-steps" and "probe-hash"; ``extras`` carries the
+    public anchor targets ("anchor-targets" (k, d), "anchor-idx" (k,)) when the anchor is on.
+    """
+    started = time.perf_counter()
+    torch.set_num_threads(1)
+    t = int(round_config["round"])
+    h = int(round_config.get("inner-steps", cfg.federation.inner_steps))
+    folder = node.data_path or str(ensure_data(cfg, progress=False)[0])
+    probe = probe_frames(folder, str(round_config["probe-hash"]))
+    state_dir = Path(node.state_dir) / node.participant_id
+    state_dir.mkdir(parents=True, exist_ok=True)
+
+    global_sd = to_tensors(global_arrays)
+    model = world_model_from_state(architecture(cfg.model), global_sd)
+    if cfg.model.encoder_frozen:
+        for p in model.encoder.parameters():
+            p.requires_grad_(False)
+    anchor = None
+    if extras and "anchor-targets" in extras:
+        anchor = make_anchor(cfg, model, probe, torch.from_numpy(extras["anchor-targets"]),
+                             torch.from_numpy(extras["anchor-idx"]))
+    sampler = _silo_sampler(folder, node.partition_id, cfg.train.clip_len, cfg.model.action_block)
+    loop = InnerLoop(model, cfg, sampler, anchor=anchor)
+    if (prev := _latest_state(state_dir, t)) is not None:
+        loop.load_state_dict(torch.load(prev, weights_only=True))
+    reference = embed_frames(model.encoder, probe) if cfg.gauge.backstop else None
+
+    last = loop.run(h, sketch_fn=round_sketch_fn(cfg, t, node.participant_id),
+                    generator=torch_generator(cfg.root_seed, "batches", node.participant_id, t),
+                    log_every=h)
+    torch.save(loop.state_dict(), state_dir / f"inner-after-{t:05d}.pt")
+    for old in sorted(state_dir.glob("inner-after-*.pt"))[:-2]:
+        old.unlink()
+
+    local_sd = {k: v.detach() for k, v in model.state_dict().items()}
+    local_emb = embed_frames(model.encoder, probe)
+    metrics = {k: v for k, v in last.items() if k.startswith("loss/")}
+    delta = None
+    if cfg.gauge.backstop:
+        try:
+            delta, q, residual = align_and_redifference(local_sd, global_sd, local_emb, reference,
+                                                        singular_floor=cfg.gauge.singular_floor)
+            frob, angle, *_ = drift_magnitudes(q.unsqueeze(0))
+            metrics.update({"gauge/backstop_angle_deg": float(angle[0]), "gauge/backstop_residual": float(frob[0]),
+                            "gauge/backstop_fit": float(residual), "gauge/backstop_skipped": 0})
+        except DegenerateProcrustes:
+            # The rotation is not identifiable from these embeddings (e.g. early collapse):
+            # averaging the unaligned update is the honest fallback, and the metric says so.
+            metrics["gauge/backstop_skipped"] = 1
+    if delta is None:
+        delta = pseudo_gradient(local_sd, global_sd)
+    keys = federated_keys(cfg)
+    delta = {k: v for k, v in delta.items() if k in keys}
+
+    priv = cfg.privacy
+    if priv.enabled:
+        ledger = PrivacyLedger.from_config(priv)
+        ledger_path = state_dir / "dp-ledger.json"
+        if ledger_path.exists():
+            ledger.load_state_dict(json.loads(ledger_path.read_text()))
+        ledger.check_release()  # raises PrivacyBudgetExceeded before anything is released
+    release = participant_pipeline(delta, clip_norm=priv.clip_norm if priv.enabled else None,
+                                   noise_multiplier=priv.noise_multiplier if priv.enabled else 0.0,
+                                   quantize=cfg.federation.quantize_int8)
+    if priv.enabled:
+        metrics["dp/epsilon"] = ledger.step()
+        ledger_path.write_text(json.dumps(ledger.state_dict()))
+    metrics.update({
+        "fed/update_norm": release.norm_before_clip,
+        "fed/update_bytes": release.nbytes,
+        "fed/inner_steps": h,
+        "fed/compute_seconds": time.perf_counter() - started,
+        "fed/examples": h * cfg.train.batch_size,
+    })
+    reply = Reply(t, release.payload, local_emb.numpy().astype(np.float32), metrics)
+    reply.egress()
+    return reply
+
+
+__all__ = ["participant_round", "round_sketch_fn", "make_anchor"]

@@ -1,0 +1,116 @@
+"""The one DiLoCo round driver: attempts, retries, the deadline, fail-closed errors, progress.
+
+Every engine runs a federation through :func:`drive_rounds`. An engine supplies only *how to ask
+the participants* — an :data:`AskFn` that sends round ``t``'s instruction to every participant it
+can reach and returns whatever came back before the deadline:
+
+- the framework-free engine (:mod:`lensemble.federation.inprocess`) calls the participants one
+  after another in this process;
+- the Flower ServerApp (:mod:`lensemble.federation.flower.server_app`) sends messages over a
+  Flower Grid (in-process grid, Ray simulation, or a real SuperLink).
+
+For each round from ``coordinator.next_round``: build the round config and the global arrays,
+ask, then ``coordinator.close_round``. A FaultToleranceExceeded (too few nodes online, quorum not
+met) costs one attempt: the round is retried ``federation.round_retries`` more times with the
+global unchanged, then the error propagates. Any other exception (a fail-closed error such as
+ResidencyViolation or PrivacyBudgetExceeded, a broken invariant) propagates at once.
+
+The coordinator is duck-typed: ``num_rounds``, ``next_round``, ``round_config(t)``,
+``global_arrays()``, optional ``extras`` (public side inputs, e.g. anchor targets),
+``close_round(t, replies, failures, wire_bytes=, seconds=)`` and ``finish()``; tests drive fakes.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lensemble.config.schema import FederationConfig
+from lensemble.errors import FaultToleranceExceeded
+from lensemble.federation.validation import retry_or_raise
+
+
+@dataclass
+class Answers:
+    """What came back for one attempt at a round.
+
+    replies: participant id -> Reply; failures: participant id (or ``node-<id>`` while a node's
+    silo is unknown) -> reason; asked: participants (or nodes) the instruction went to;
+    wire_bytes: serialised array bytes sent and received, or None when nothing was serialised
+    (the coordinator then counts the replies' payload bytes).
+    """
+
+    replies: dict[str, Any] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    asked: int = 0
+    wire_bytes: int | None = None
+
+
+# ask(t, round_config, global_arrays, extras, deadline_s) -> Answers
+AskFn = Callable[[int, dict, dict[str, np.ndarray], dict[str, np.ndarray], float], Answers]
+
+
+def drive_rounds(coordinator: Any, ask: AskFn, federation: FederationConfig, *, progress: bool = True) -> dict:
+    """Run the coordinator's remaining rounds through ``ask``; return ``coordinator.finish()``."""
+    total = int(coordinator.num_rounds)
+    say = _printer(progress)
+    say(f"coordinator: rounds {int(coordinator.next_round) + 1}..{total} of {total}, "
+        f"quorum {federation.min_participants}, round deadline {federation.round_timeout_s:g} s")
+    for t in range(int(coordinator.next_round), total):
+        attempt = 1
+        while True:
+            started = time.monotonic()
+            try:
+                answers = ask(t, coordinator.round_config(t), coordinator.global_arrays(),
+                              dict(getattr(coordinator, "extras", None) or {}), federation.round_timeout_s)
+                seconds = time.monotonic() - started
+                metrics = coordinator.close_round(t, answers.replies, answers.failures,
+                                                  wire_bytes=answers.wire_bytes, seconds=seconds) or {}
+                break
+            except FaultToleranceExceeded as err:
+                say(f"round {t + 1}/{total} attempt {attempt} failed: {err.message}")
+                retry_or_raise(err, attempt, federation.round_retries)  # re-raises when spent
+                attempt += 1
+        say(_round_line(t, total, attempt, answers, metrics, seconds))
+    summary = coordinator.finish()
+    say(f"federation finished: {total} rounds")
+    return summary
+
+
+def _printer(enabled: bool) -> Callable[[str], None]:
+    # One plain line per event on stderr: readable in a terminal and in a log file alike.
+    if not enabled:
+        return lambda _line: None
+    return lambda line: print(f"[lensemble] {line}", file=sys.stderr, flush=True)
+
+
+def _human_bytes(n: float) -> str:
+    if n < 1000:
+        return f"{n:.0f} B"
+    for unit in ("KB", "MB", "GB"):
+        n /= 1000
+        if n < 1000 or unit == "GB":
+            break
+    return f"{n:.1f} {unit}"
+
+
+def _round_line(t: int, total: int, attempt: int, answers: Answers, metrics: dict, seconds: float) -> str:
+    wire = answers.wire_bytes if answers.wire_bytes is not None else metrics.get("fed/comm_bytes", 0)
+    retry = f" (attempt {attempt})" if attempt > 1 else ""
+    line = (f"round {t + 1}/{total}{retry}: {len(answers.replies)}/{answers.asked} replies, "
+            f"{_human_bytes(float(wire))} on the wire, {seconds:.1f} s")
+    if "gauge/drift_angle_deg" in metrics:
+        line += f", drift {metrics['gauge/drift_angle_deg']:.1f}°"
+    if "loss/pred" in metrics:
+        line += f", pred loss {metrics['loss/pred']:.3f}"
+    for who, why in sorted(answers.failures.items()):
+        line += f"\n[lensemble]   {who} failed: {why}"
+    return line
+
+
+__all__ = ["Answers", "AskFn", "drive_rounds"]
