@@ -5,10 +5,10 @@ participants on each engine:
 
 * ``inprocess`` - :func:`lensemble.federation.inprocess.run_inprocess`: no Flower, participants
   run one after another in this process;
-* ``flower``    - ``launch_simulation(engine="inprocess")``: the real ServerApp / ClientApp on
+* ``flower``    - :func:`lensemble.federation.simulation.run_on_local_grid`: the real ServerApp / ClientApp on
   Flower's message layer (``LocalGrid``: a protobuf round trip per message, one thread per node,
   so the C participants run concurrently);
-* ``ray``       - ``launch_simulation(engine="ray")`` (only with ``--ray``; Ray's start-up is
+* ``ray``       - :func:`lensemble.federation.simulation.run_on_ray` (only with ``--ray``; Ray's start-up is
   outside the rounds and not counted).
 
 **Overhead.** Participants report ``fed/compute_seconds`` (their whole ``participant_round``: load
@@ -82,11 +82,11 @@ class Probe:
         return {"delta_bytes": [], "probe_bytes": [], "proto_down": 0, "proto_up": 0}
 
     def install(self):
-        from lensemble.federation import roles
-        from lensemble.federation.flower import local_grid, records, server_app
+        from lensemble.federation.coordinator import Coordinator
+        from lensemble.federation.flower import local_grid, records, transport
 
         probe = self
-        orig_close = roles.Coordinator.close_round
+        orig_close = Coordinator.close_round
 
         def close_round(coord, t, replies, failures, *args, **kwargs):
             started = time.perf_counter()
@@ -110,8 +110,8 @@ class Probe:
             probe._pending[key] += proto.ByteSize()
             return local_grid.message_from_proto(proto)
 
-        roles.Coordinator.close_round = close_round
-        server_app.reply_nbytes = reply_nbytes
+        Coordinator.close_round = close_round
+        transport.reply_nbytes = reply_nbytes
         local_grid._wire_copy = wire_copy
 
     def take(self) -> list[dict]:
@@ -123,14 +123,10 @@ class Probe:
 def run_engine(engine: str, cfg, run_dir: Path) -> None:
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    if engine == "inprocess":
-        from lensemble.federation.inprocess import run_inprocess
+    from lensemble.federation.simulation import run_federated_simulation
 
-        run_inprocess(cfg, run_dir, progress=False)
-    else:
-        from lensemble.federation.simulation import launch_simulation
-
-        launch_simulation(cfg, run_dir, engine="inprocess" if engine == "flower" else "ray", progress=False)
+    names = {"inprocess": "inprocess", "flower": "flower-inprocess", "ray": "ray"}
+    run_federated_simulation(cfg, run_dir, engine=names[engine], progress=False)
 
 
 def pct(x: float) -> str:
@@ -215,7 +211,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from lensemble.config import load_config
-    from lensemble.federation.roles import federated_keys
+    from lensemble.federation.state import federated_keys
     from lensemble.model import build_world_model
     from lensemble.training.warmstart import train_warmstart
 

@@ -3,9 +3,8 @@
 # node authentication: the same commands as a real deployment (docs/deployment.md), minus the
 # network. Runs `federation.rounds` DiLoCo rounds and leaves the run folder in $WORK/run.
 #
-#   examples/two_site_loopback.sh                      # real roles, experiment=micro
+#   examples/two_site_loopback.sh                      # experiment=micro
 #   OVERRIDES="experiment=micro federation.rounds=3" examples/two_site_loopback.sh
-#   ROLES=fake_roles PYTHONPATH=$PWD/tests/integration examples/two_site_loopback.sh   # plumbing only
 #
 # Needs: the project installed in a venv (VENV, default ./.venv), openssl, ssh-keygen.
 # Everything this script starts is stopped by PID when it exits.
@@ -16,7 +15,6 @@ VENV="${VENV:-$REPO/.venv}"
 WORK="${WORK:-$(mktemp -d /tmp/lensemble-loopback.XXXXXX)}"
 LINK_PORT="${LINK_PORT:-9092}"
 OVERRIDES="${OVERRIDES:-experiment=micro}"
-ROLES="${ROLES:-lensemble.federation.roles}"
 
 export PATH="$VENV/bin:$PATH"                # flwr spawns flwr-serverapp / flwr-clientapp by name
 export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
@@ -89,7 +87,7 @@ cp -r "$REPO/lensemble" "$REPO/configs" "$WORK/app/"
 find "$WORK/app" -name __pycache__ -prune -exec rm -rf {} +
 cd "$WORK/app"
 FLWR_HOME="$WORK/cli" flwr run . loopback --stream \
-  --run-config "overrides='$OVERRIDES' run-dir='$WORK/run' roles='$ROLES'"
+  --run-config "overrides='$OVERRIDES' run-dir='$WORK/run'"
 
 echo "run folder: $WORK/run"
 ls "$WORK/run"
