@@ -111,9 +111,3 @@ def write_manifest(manifest: RunManifest, run_dir: str | os.PathLike) -> Path:
     path.write_text(json.dumps(manifest.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")
     return path
 
-
-def read_manifest(path: str | os.PathLike) -> RunManifest:
-    p = Path(path)
-    if p.is_dir():
-        p = p / "manifest.json"
-    return RunManifest.model_validate_json(p.read_text())

@@ -4,7 +4,7 @@ See docs/gauge.md for the formulas and the conventions (row convention z' = z Q,
 algebra, relative singular-value floor).
 """
 
-from lensemble.gauge.anchor import FrameAnchor, polar_factor, select_landmarks
+from lensemble.gauge.anchor import FrameAnchor, differentiable_polar, select_landmarks
 from lensemble.gauge.backstop import align_and_redifference, rotate_state_dict
 from lensemble.gauge.distill import DistillResult, aligned_consensus, distill_encoder
 from lensemble.gauge.drift import (
@@ -24,7 +24,7 @@ from lensemble.gauge.procrustes import polar_factors, procrustes_align
 __all__ = [
     "procrustes_align",
     "polar_factors",
-    "polar_factor",
+    "differentiable_polar",
     "principal_angles",
     "geodesic_angle_deg",
     "frobenius_drift",

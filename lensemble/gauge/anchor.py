@@ -32,7 +32,7 @@ from lensemble.config.seeds import torch_generator
 from lensemble.errors import ConfigError, DegenerateProcrustes, GaugeError
 from lensemble.gauge.procrustes import as_float64_matrix, check_singular_floor
 
-__all__ = ["polar_factor", "select_landmarks", "FrameAnchor"]
+__all__ = ["differentiable_polar", "select_landmarks", "FrameAnchor"]
 
 
 class _ConditionedPolar(torch.autograd.Function):
@@ -62,7 +62,7 @@ class _ConditionedPolar(torch.autograd.Function):
         return grad_m.to(ctx.in_dtype), None
 
 
-def polar_factor(m: torch.Tensor, *, singular_floor: float = 1e-6) -> torch.Tensor:
+def differentiable_polar(m: torch.Tensor, *, singular_floor: float = 1e-6) -> torch.Tensor:
     """Differentiable orthogonal polar factor Q = U Vᵀ of a square M (d, d).
 
     Q is the Procrustes rotation for M = sourceᵀ target. Forward in float64, returned in M's
@@ -70,7 +70,7 @@ def polar_factor(m: torch.Tensor, *, singular_floor: float = 1e-6) -> torch.Tens
     ``singular_floor · σ_max`` (finite on repeated or vanishing singular values).
     """
     if m.ndim != 2 or m.shape[0] != m.shape[1]:
-        raise GaugeError(f"polar_factor expects a square (d, d) matrix, got {tuple(m.shape)}")
+        raise GaugeError(f"differentiable_polar expects a square (d, d) matrix, got {tuple(m.shape)}")
     return _ConditionedPolar.apply(m, float(singular_floor))
 
 
@@ -189,6 +189,6 @@ class FrameAnchor:
         t = self.targets.to(device=z_landmarks.device, dtype=z_landmarks.dtype)
         if self.variant == "A":
             return ((z_landmarks - t) ** 2).sum(dim=-1).mean()
-        q = polar_factor(z_landmarks.mT @ t, singular_floor=self.singular_floor)
+        q = differentiable_polar(z_landmarks.mT @ t, singular_floor=self.singular_floor)
         eye = torch.eye(self.d, dtype=q.dtype, device=q.device)
         return ((q - eye) ** 2).sum()

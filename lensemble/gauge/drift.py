@@ -48,8 +48,8 @@ from pydantic import BaseModel, ConfigDict
 
 from lensemble.config.seeds import torch_generator
 from lensemble.errors import ConfigError, GaugeError, ProbeError
-from lensemble.model.collapse import effective_dim
 from lensemble.gauge.procrustes import as_float64_matrix, polar_factors
+from lensemble.model.collapse import effective_dim
 
 __all__ = [
     "GLOBAL_KEY",
