@@ -1,64 +1,20 @@
-"""Framework-free federation core: pseudo-gradients, wire codec, outer step, validation, DP ledger.
+"""Framework-free federation: DiLoCo rounds between a coordinator and participants.
 
-Nothing in this package (outside ``flower/``) imports Flower; the Flower apps are thin adapters
-over these functions, so the round logic can be tested in-process.
+Nothing in this package outside ``flower/`` imports Flower; the Flower apps are thin adapters
+over these modules, so the same round logic runs in-process in milliseconds and unchanged on real
+nodes.
+
+- :mod:`~lensemble.federation.participant` — one silo's round (inner steps, alignment, release);
+- :mod:`~lensemble.federation.coordinator` — validation, quorum, outer step, drift, commit;
+- :mod:`~lensemble.federation.rounds` — the one round driver every engine uses;
+- :mod:`~lensemble.federation.inprocess` — the engine without Flower;
+- :mod:`~lensemble.federation.simulation` — every engine on one machine (Ray, in-process grid);
+- :mod:`~lensemble.federation.messages`, :mod:`~lensemble.federation.state` — what travels;
+- :mod:`~lensemble.federation.pseudograd`, :mod:`~lensemble.federation.release`,
+  :mod:`~lensemble.federation.codec` — pseudo-gradients, clip/noise/int8, wire encoding;
+- :mod:`~lensemble.federation.outer`, :mod:`~lensemble.federation.validation`,
+  :mod:`~lensemble.federation.privacy` — the Nesterov outer step, reply checks, the DP ledger.
+
+The package namespace exports nothing: importing it must stay cheap (no torch model, no Flower,
+no opacus) for Ray workers and the CLI.
 """
-
-from __future__ import annotations
-
-from lensemble.federation.codec import decode_delta, encode_delta, payload_nbytes, quant_ratio
-from lensemble.federation.outer import OuterOptimizer, aggregate, aggregate_checked, state_digest
-from lensemble.federation.pseudograd import (
-    Layout,
-    Release,
-    clip,
-    flatten,
-    l2_norm,
-    participant_pipeline,
-    pseudo_gradient,
-    unflatten,
-)
-from lensemble.federation.validation import (
-    Update,
-    ValidationResult,
-    check_egress,
-    require_quorum,
-    retry_or_raise,
-    validate_updates,
-)
-
-
-def __getattr__(name: str):
-    # opacus is imported only when the DP ledger is actually used
-    if name == "PrivacyLedger":
-        from lensemble.federation.privacy import PrivacyLedger
-
-        return PrivacyLedger
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = [
-    "Layout",
-    "Release",
-    "pseudo_gradient",
-    "flatten",
-    "unflatten",
-    "l2_norm",
-    "clip",
-    "participant_pipeline",
-    "encode_delta",
-    "decode_delta",
-    "payload_nbytes",
-    "quant_ratio",
-    "OuterOptimizer",
-    "aggregate",
-    "aggregate_checked",
-    "state_digest",
-    "Update",
-    "ValidationResult",
-    "validate_updates",
-    "require_quorum",
-    "retry_or_raise",
-    "check_egress",
-    "PrivacyLedger",
-]

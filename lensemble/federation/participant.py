@@ -25,7 +25,8 @@ from lensemble.data.store import ensure_data, probe_frames
 from lensemble.errors import DegenerateProcrustes
 from lensemble.federation.messages import NodeSpec, Reply
 from lensemble.federation.privacy import PrivacyLedger
-from lensemble.federation.pseudograd import participant_pipeline, pseudo_gradient
+from lensemble.federation.pseudograd import pseudo_gradient
+from lensemble.federation.release import participant_pipeline
 from lensemble.federation.state import federated_keys, to_tensors
 from lensemble.gauge.anchor import FrameAnchor
 from lensemble.gauge.backstop import align_and_redifference

@@ -202,7 +202,7 @@ def test_outer_step_rejects_wrong_shapes_and_keeps_int_buffers():
 def test_one_round_in_process_participant_to_server():
     """Pipeline → egress check → validation → checked mean → outer step, all without Flower."""
     from lensemble.federation.codec import payload_nbytes
-    from lensemble.federation.pseudograd import participant_pipeline
+    from lensemble.federation.release import participant_pipeline
     from lensemble.federation.validation import Update, check_egress, require_quorum, validate_updates
 
     glo = _model(0)

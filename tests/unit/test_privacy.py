@@ -10,7 +10,8 @@ from opacus.accountants import RDPAccountant
 from lensemble.config.seeds import torch_generator
 from lensemble.errors import ConfigError, PrivacyBudgetExceeded, RoundError
 from lensemble.federation.privacy import PrivacyLedger
-from lensemble.federation.pseudograd import clip, l2_norm, participant_pipeline
+from lensemble.federation.pseudograd import clip, l2_norm
+from lensemble.federation.release import participant_pipeline
 
 
 def _delta(scale: float = 5.0) -> dict[str, torch.Tensor]:
