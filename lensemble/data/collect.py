@@ -40,7 +40,9 @@ from lensemble.config.seeds import derive
 from lensemble.data.partition import SiloPlan, plan_from_config
 from lensemble.data.probe import frames_from_episodes, save_probe
 from lensemble.data.residency import mark_silo_folder
-from lensemble.data.shards import EpisodeBatch, save_shard, stack_episodes
+from lensemble.data.shards import EpisodeBatch, load_shard, save_shard, stack_episodes
+from lensemble.envs.adapter import _import_swm, make_env, set_single_thread
+from lensemble.envs.policies import HeldRandomPolicy, MixedPolicy, make_expert
 
 #: Per-episode expert noise std is drawn uniformly from this range (action units, bounds ±1).
 EXPERT_NOISE = (0.1, 0.7)
@@ -62,8 +64,6 @@ def collect_episode(env, seed: int, factors: dict, steps: int, random_share: flo
     Returns ``obs`` uint8 (T+1, H, W, 3), ``actions`` float32 (T, A), ``state`` float32 (T+1, S)
     and ``factors`` (the applied factor values, JSON-ready).
     """
-    from lensemble.envs.policies import HeldRandomPolicy, MixedPolicy, make_expert
-
     rng = np.random.default_rng(int(seed))
     noise = float(rng.uniform(*EXPERT_NOISE))
     policy = MixedPolicy(make_expert(env, rng, noise), HeldRandomPolicy(rng), random_share, rng)
@@ -85,8 +85,6 @@ _ENVS: dict = {}
 
 
 def _cached_env(env_id: str, img_size: int):
-    from lensemble.envs.adapter import make_env
-
     key = (env_id, img_size)
     if key not in _ENVS:
         _ENVS[key] = make_env(env_id, img_size, single_thread=False)
@@ -99,22 +97,17 @@ def _run_task(task: tuple) -> dict:
 
 
 def _init_worker() -> None:
-    from lensemble.envs.adapter import set_single_thread
-
     set_single_thread()
 
 
 class _Runner:
     """Runs episode tasks in order, in-process (workers=1) or on a process pool."""
-
     def __init__(self, workers: int):
         self.workers = int(workers)
         self.pool = None
         self._threads = None
 
     def __enter__(self):
-        from lensemble.envs.adapter import _import_swm
-
         # Import the simulator here, once: it takes seconds, and with fork every worker inherits
         # it (spawn would pay the import per worker, and would re-run unguarded user scripts).
         _import_swm()
@@ -128,8 +121,6 @@ class _Runner:
         else:
             import cv2
             import torch
-
-            from lensemble.envs.adapter import set_single_thread
 
             # Restored on exit: the caller may go on to train in this process.
             self._threads = (torch.get_num_threads(), cv2.getNumThreads())
@@ -348,8 +339,6 @@ def _progress(enabled: bool):
 def load_silo(out_dir: str | Path, silo: int, split: str = "train",
               summary: dict | None = None) -> EpisodeBatch:
     """Load (and verify) silo ``silo``'s ``train`` or ``heldout`` shard from a collection."""
-    from lensemble.data.shards import load_shard
-
     out_dir = Path(out_dir)
     summary = summary or json.loads((out_dir / "collection.json").read_text())
     record = summary["silos"][silo]["train" if split == "train" else "heldout"]
@@ -360,8 +349,6 @@ def load_silo(out_dir: str | Path, silo: int, split: str = "train",
 
 def load_public_episodes(out_dir: str | Path, summary: dict | None = None) -> EpisodeBatch:
     """Load (and verify) the public corpus: episodes with public factor values only."""
-    from lensemble.data.shards import load_shard
-
     out_dir = Path(out_dir)
     summary = summary or json.loads((out_dir / "collection.json").read_text())
     record = summary.get("public")
