@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lensemble.config.hashing import json_digest
 from lensemble.config.seeds import derive
 
 _LIBRARIES = ("lensemble", "torch", "torchvision", "timm", "flwr", "numpy", "scipy", "pydantic",
@@ -43,7 +43,7 @@ class RunManifest(BaseModel):
     def manifest_hash(self) -> str:
         """SHA-256 of the canonical JSON, excluding the creation time."""
         body = self.model_dump(mode="json", exclude={"created_at"})
-        return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        return json_digest(body)
 
 
 def git_sha(start: Path | None = None) -> str:

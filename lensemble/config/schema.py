@@ -9,13 +9,12 @@ becomes a default. docs/configuration.md describes the layers.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 from pydantic_core import to_jsonable_python
 
+from lensemble.config.hashing import json_digest
 from lensemble.config.rungs import CUSTOM_RUNG, RUNG_FLAGS, RUNGS
 from lensemble.errors import ConfigError
 
@@ -227,8 +226,7 @@ class LensembleConfig(_Section):
 
     def config_hash(self) -> str:
         """SHA-256 of the canonical JSON of the whole config (sorted keys)."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()
+        return json_digest(self.model_dump(mode="json"))
 
 
 def schema_defaults(section: type[BaseModel] = LensembleConfig) -> dict:

@@ -26,7 +26,6 @@ Workers: ``data.workers`` processes, each with one torch thread and its own cach
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import multiprocessing as mp
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lensemble.config.hashing import json_digest
 from lensemble.config.seeds import derive
 from lensemble.data.partition import SiloPlan, plan_from_config
 from lensemble.data.probe import frames_from_episodes, save_probe
@@ -155,7 +155,7 @@ def _collection_key(cfg) -> str:
     blob = {"v": _FORMAT_VERSION, "env": cfg.env.id, "img": cfg.model.img_size,
             "seed": cfg.root_seed, "data": d, "noise": EXPERT_NOISE,
             "probe": [PROBE_STRIDE, PROBE_FRAMES_PER_EPISODE]}
-    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+    return json_digest(blob, compact=False)  # pinned: every collected folder is named by it
 
 
 def _groups(cfg, plan: SiloPlan) -> list[dict]:
