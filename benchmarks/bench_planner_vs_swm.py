@@ -1,7 +1,7 @@
 """Closed-loop latent MPC: Lensemble's Planner vs stable-worldmodel 0.1.1's CEMSolver, same model.
 
 Every contender drives the same world model through the same episodes (same seeds, factors, goals
-and env loop: :func:`lensemble.eval.harness.run_closed_loop`), with equal CEM budgets (samples,
+and env loop: :func:`lensemble.eval.closed_loop.run_closed_loop`), with equal CEM budgets (samples,
 iterations, top-k, horizon, receding horizon, batch of parallel episodes, threads):
 
 * ``lensemble``      — :class:`~lensemble.eval.mpc.Planner` over the predictor: the history is
@@ -45,7 +45,7 @@ import torch
 
 from lensemble.config import load_config
 from lensemble.config.seeds import derive
-from lensemble.eval.harness import episode_specs, eval_factor_values, planner_plan_fn, run_closed_loop
+from lensemble.eval.closed_loop import episode_specs, eval_factor_values, planner_plan_fn, run_closed_loop
 from lensemble.eval.mpc import Planner
 from lensemble.eval.stats import compare_proportions, wilson_interval
 from lensemble.model.predictor import reference_rollout
@@ -94,7 +94,7 @@ class SwmCost:
 
 
 def swm_plan_fn(model, eval_cfg, n_envs: int, rollout: str, seed: int):
-    """A harness PlanFn backed by swm's CEMSolver with equal samples / iterations / top-k."""
+    """A closed-loop PlanFn backed by swm's CEMSolver with equal samples / iterations / top-k."""
     from gymnasium.spaces import Box
     from stable_worldmodel.policy import PlanConfig
     from stable_worldmodel.solver import CEMSolver

@@ -39,8 +39,8 @@ import torch.nn.functional as F
 
 from lensemble.config import load_config
 from lensemble.data.clips import ClipSampler
-from lensemble.model.collapse import effective_dim, latent_std
 from lensemble.model import build_world_model, count_parameters, sigreg, sketch_for_step
+from lensemble.model.collapse import effective_dim, latent_std
 from lensemble.training.loop import InnerLoop
 
 GOAL = 0.9

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from lensemble.artifacts.checkpoint import save_checkpoint
 from lensemble.config import load_config
-from lensemble.eval.harness import evaluate
+from lensemble.eval.closed_loop import evaluate
 from lensemble.model.world_model import architecture, build_world_model
 from lensemble.training.trainer import train_local
 

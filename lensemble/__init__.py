@@ -21,16 +21,19 @@ _EXPORTS = {
     # training, federation, evaluation, gauge
     "train_local": "lensemble.training.trainer",
     "run_federated_simulation": "lensemble.federation.simulation",
-    "evaluate": "lensemble.eval.harness",
+    "evaluate": "lensemble.eval.closed_loop",
     "EvalReport": "lensemble.eval.reports",
     "Planner": "lensemble.eval.mpc",
     "frame_drift": "lensemble.gauge.drift",
     "FrameDriftReport": "lensemble.gauge.drift",
     "procrustes_align": "lensemble.gauge.procrustes",
     "effective_dim": "lensemble.model.collapse",
-    "gap_recovery": "lensemble.eval.gap",
-    "run_ablation_ladder": "lensemble.eval.study",
-    "lambda_anc_sweep": "lensemble.eval.study",
+    # the study
+    "gap_recovery": "lensemble.study.gap",
+    "run_study": "lensemble.study.runner",
+    "run_ablation_ladder": "lensemble.study.runner",
+    "lambda_anc_sweep": "lensemble.study.runner",
+    "rebuild_report": "lensemble.study.report",
 }
 _ERRORS = ("LensembleError", "ConfigError", "ProbeError", "GaugeError", "DegenerateProcrustes",
            "ArtifactError", "CheckpointIntegrityError", "SchemaVersionMismatch", "EvaluationError",

@@ -1,18 +1,27 @@
 """The ``lensemble`` command. Every command takes Hydra overrides as trailing arguments, e.g.
 
     lensemble data collect experiment=micro data.num_silos=3
+
+This module only converts command-line arguments into calls of the library and prints the
+results; the work happens in the library (``evaluate``, ``run_study`` ...). Imports of the library
+sit inside the commands so that ``lensemble --help`` starts fast. :func:`cli_evaluate`,
+:func:`study_command` and :func:`parse_seeds` are the plain-function forms of ``evaluate`` and
+``study`` (tests and scripts call them).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+from pathlib import Path
+from typing import Sequence
 
 import typer
 from rich.console import Console
 
-from lensemble.errors import LensembleError
+from lensemble.errors import ConfigError, LensembleError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Federated JEPA world models, honestly evaluated.")
 data_app = typer.Typer(no_args_is_help=True, help="Collect environment data into silos and a public probe.")
@@ -117,8 +126,6 @@ def evaluate_cmd(checkpoint: str = typer.Argument(..., help="checkpoint folder")
                  out: str = typer.Option(None, help="write the EvalReport JSON here"),
                  overrides: list[str] = OVERRIDES):
     """Closed-loop latent-MPC success and the evaluation ladder for one checkpoint."""
-    from lensemble.eval.harness import cli_evaluate
-
     try:
         report = cli_evaluate(checkpoint, env, episodes, split, policy, out, list(overrides or []), ladder=ladder)
     except LensembleError as exc:
@@ -140,8 +147,6 @@ def study(name: str = typer.Option("tiny", help="study name (results under <out>
           progress: bool = typer.Option(True, help="show progress"),
           overrides: list[str] = OVERRIDES):
     """The ablation ladder, baselines and sweeps with a pre-registered analysis and a report."""
-    from lensemble.eval.study import study_command
-
     try:
         res = study_command(list(overrides or []), name=name, preset=preset, seeds=seeds, sweeps=sweeps,
                             out=out, scratch=scratch, progress=progress, amend=amend, plan_only=plan_only,
@@ -171,10 +176,121 @@ def drift(checkpoints: list[str] = typer.Argument(..., help="checkpoint folders 
         _fail(exc)
     text = report.model_dump_json(indent=1)
     if out:
-        from pathlib import Path
-
         Path(out).write_text(text)
     print(text)
+
+
+# ================================================================================== adapters
+def cli_evaluate(
+    checkpoint: str,
+    env: str = "swm/TwoRoom-v1",
+    episodes: int | None = None,
+    split: str = "heldout",
+    policy: str = "mpc",
+    out: str | None = None,
+    overrides: Sequence[str] | None = None,
+    *,
+    ladder: bool = True,
+    progress: bool = True,
+):
+    """``lensemble evaluate CKPT --env ... [--episodes N] [--split ...] [--policy ...] [--out f.json]``.
+
+    Composes the config from ``overrides``, runs ``evaluate``, prints a short table (stderr) and
+    writes the report JSON to ``out`` when given (``EvalReport.write``: never into a silo folder).
+    Returns the ``EvalReport``. ``ladder=False`` skips the ladder (and the data collection it may
+    need).
+    """
+    from rich.table import Table
+
+    from lensemble.config import load_config
+    from lensemble.eval.closed_loop import evaluate
+
+    cfg = load_config(list(overrides or []))
+    report = evaluate(checkpoint, env, cfg=cfg, episodes=episodes, split=split, policy=policy, ladder=ladder,
+                      progress=progress)
+    table = Table(title=f"evaluate {Path(checkpoint).name} on {env} ({split}, {policy})")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    lo, hi = report.success_ci
+    table.add_row("success", f"{report.n_successes}/{report.n_episodes} = {report.success_rate:.1%} "
+                             f"[{lo:.1%}, {hi:.1%}]")
+    table.add_row("time per action", f"{report.time_per_action_ms:.1f} ms")
+    table.add_row("planning samples / plan", str(report.planning_samples))
+    for name in ("transfer_success_rate", "one_step_error", "copy_last_error", "rollout_composite",
+                 "intervention_error", "probe_r2", "effective_dim", "latent_std"):
+        value = getattr(report, name)
+        if value is not None:
+            table.add_row(name.replace("_", " "), f"{value:.4g}")
+    if report.rollout_error:
+        table.add_row("rollout error", ", ".join(f"h={h}: {e:.3g}" for h, e in sorted(report.rollout_error.items())))
+    console.print(table)
+    if out:
+        report.write(out)
+    return report
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0,1,2"`` or ``"0-5"`` (inclusive) or a mix, e.g. ``"0-2,7"`` -> a list of ints."""
+    seeds: list[int] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", part)
+        try:
+            seeds += list(range(int(m.group(1)), int(m.group(2)) + 1)) if m else [int(part)]
+        except ValueError:
+            raise ConfigError(f"cannot read seeds {text!r}", remediation="write e.g. 0,1,2 or 0-5") from None
+    if not seeds:
+        raise ConfigError(f"no seeds in {text!r}", remediation="write e.g. 0,1,2 or 0-5")
+    return seeds
+
+
+def study_command(
+    overrides: Sequence[str] | None = None,
+    *,
+    name: str = "tiny",
+    preset: str | None = None,
+    seeds: Sequence[int] | str | None = None,
+    sweeps: Sequence[str] | str | None = None,
+    out: str | Path = "docs/results",
+    scratch: str | Path | None = None,
+    progress: bool = True,
+    amend: str | None = None,
+    plan_only: bool = False,
+    report_only: bool = False,
+    jobs: int = 1,
+):
+    """``lensemble study [--name N] [--preset P] [--seeds 0,1,2] [--sweeps a,b|none] [--out DIR]
+    [--scratch DIR] [--jobs J] [--amend REASON] [--plan-only] [--report-only] [--no-progress]
+    [OVERRIDES...]``; returns the ``StudyResult``.
+
+    ``overrides`` starting with ``study.`` change the preset (``study.registry.rho_threshold=0.6``,
+    ``study.evaluation.parallel=4``); all others are Hydra overrides appended to every run
+    (``eval.episodes=50``), except multirun ones (``federation.outer_lr=0.5,0.7``), which add a
+    sweep over every ladder arm. ``seeds`` may be a string (``"0-5"``, ``"0,2,4"``) and ``sweeps`` a
+    comma list or ``"none"``. The preset defaults to ``configs/study/<name>.yaml``. With
+    ``report_only`` nothing is planned or run: the report is rebuilt from ``<out>/<name>/``.
+    """
+    from lensemble.study.plan import is_sweep, with_ladder_sweeps
+    from lensemble.study.runner import report_result, run_study
+    from lensemble.study.spec import load_study_spec
+
+    if report_only:
+        return report_result(Path(out) / name, progress=progress)
+    seeds = parse_seeds(seeds) if isinstance(seeds, str) else seeds
+    if isinstance(sweeps, str):
+        sweeps = [x.strip() for x in sweeps.split(",") if x.strip()]
+    overrides = list(overrides or [])
+    study_ov = [o[len("study."):] for o in overrides if o.startswith("study.")]
+    run_ov = [o for o in overrides if not o.startswith("study.")]
+    # A multirun override on the command line (key=a,b,c) becomes one more sweep over every ladder arm.
+    adhoc = [o for o in run_ov if is_sweep(o)]
+    run_ov = [o for o in run_ov if o not in adhoc]
+    spec = load_study_spec(preset or name, study_ov, name=name, seeds=seeds, sweeps=sweeps, run_overrides=run_ov)
+    spec = with_ladder_sweeps(spec, adhoc)
+    return run_study(spec, out=out, scratch=scratch, progress=progress, amend=amend, plan_only=plan_only,
+                     jobs=jobs)
 
 
 def main():  # entry point for `python -m lensemble`

@@ -1,9 +1,9 @@
-"""``evaluate``: score a checkpoint by closed-loop latent MPC in the real environment, plus the ladder.
+"""The closed loop: ``evaluate`` scores a checkpoint by latent MPC in the real environment, plus the ladder.
 
 The protocol (DESIGN.md §7; defaults in ``configs/eval/``) for episode i of N:
 
 1. Reset the env with seed ``derive(eval.seed, "eval", i)`` and the episode's factor values.
-2. Pose the goal: run the noise-free goal expert (:func:`lensemble.eval.policies.goal_expert`) for
+2. Pose the goal: run the noise-free goal expert (:func:`lensemble.eval.controls.goal_expert`) for
    ``goal_offset`` env steps; the state it reaches is the goal. Make it the env's goal (so the
    env's own success test and its goal image refer to it), then put the agent back at the start.
 3. Control for at most ``budget`` env steps. MPC: encode the current frame (with the last W latents
@@ -39,11 +39,22 @@ import numpy as np
 import torch
 from pydantic import ValidationError
 
+from lensemble.artifacts.checkpoint import load_checkpoint
 from lensemble.config.schema import EvalConfig, LensembleConfig
 from lensemble.config.seeds import derive, numpy_rng
+from lensemble.data.collect import load_silo
+from lensemble.data.partition import partition_silos
+from lensemble.data.shards import EpisodeBatch, load_shard
+from lensemble.data.store import ensure_data
+from lensemble.envs.adapter import env_info, make_env
+from lensemble.envs.factors import factor_spec, supported_envs
 from lensemble.errors import ConfigError, EvaluationError
+from lensemble.eval.controls import RandomActionPolicy, goal_expert
+from lensemble.eval.ladder import LadderSettings, run_ladder
 from lensemble.eval.mpc import Planner
 from lensemble.eval.reports import EvalReport
+from lensemble.model.world_model import world_model_from_state
+from lensemble.observability.progress import progress_bar
 
 SPLITS = ("heldout", "factor")
 POLICIES = ("mpc", "random")
@@ -112,8 +123,6 @@ def validate_request(env_id: str, cfg: LensembleConfig, *, split: str = "heldout
     Unknown env id, split or policy -> EvaluationError; an invalid planner/eval config (also one
     built with ``model_construct``/``model_copy``, which skip pydantic validation) -> ConfigError.
     """
-    from lensemble.envs.factors import supported_envs
-
     if env_id not in supported_envs():
         raise EvaluationError(f"unknown environment {env_id!r}",
                               remediation=f"evaluate on one of {supported_envs()} (--env)")
@@ -151,8 +160,6 @@ def eval_factor_values(cfg: LensembleConfig, env_id: str, split: str) -> tuple[l
     - else ``split="heldout"``: the partition factor's values the silos saw (in distribution;
       the episodes themselves are new), nothing held out.
     """
-    from lensemble.envs.factors import factor_spec
-
     if cfg.eval.heldout_factors:
         per_key: dict[str, list] = {}
         for entry in cfg.eval.heldout_factors:
@@ -176,8 +183,6 @@ def eval_factor_values(cfg: LensembleConfig, env_id: str, split: str) -> tuple[l
         spec = factor_spec(env_id, key)
         vals = spec.values_at(spec.transfer)
         return [{key: v} for v in vals], tuple(_factor_label(key, v) for v in vals)
-    from lensemble.data.partition import partition_silos
-
     d = cfg.data
     plan = partition_silos(env_id, key, d.num_silos, d.episodes_per_silo, d.severity, cfg.root_seed,
                            d.heldout_episodes)
@@ -202,8 +207,6 @@ def goal_spec_hash(env_id: str, goal_offset: int, budget: int, specs: Sequence[E
 def pose_goal(env, spec: EpisodeSpec, goal_offset: int, eval_seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Reset ``env`` for ``spec``, make the state ``goal_offset`` expert steps ahead its goal,
     return to the start. Returns (start frame, goal image), each (H, W, 3) uint8."""
-    from lensemble.eval.policies import goal_expert
-
     env.reset(spec.seed, spec.factors)
     start = env.state()
     expert = goal_expert(env, numpy_rng(eval_seed, "eval", spec.index, "goal"))
@@ -269,8 +272,6 @@ def run_closed_loop(
     ``plan_fn=None`` runs the random-action control instead of MPC (``model`` may then be None).
     Goals are posed with :func:`pose_goal`; only the control loops are timed.
     """
-    from lensemble.eval.policies import RandomActionPolicy
-
     out = ClosedLoopResult()
     for lo in range(0, len(specs), len(envs)):
         chunk = list(specs[lo : lo + len(envs)])
@@ -419,10 +420,6 @@ def evaluate(
         raise ConfigError(f"parallel must be a positive integer, got {parallel!r}")
     n = int(episodes if episodes is not None else eval_cfg.episodes)
 
-    from lensemble.artifacts.checkpoint import load_checkpoint
-    from lensemble.envs.adapter import env_info, make_env
-    from lensemble.model.world_model import world_model_from_state
-
     ckpt = load_checkpoint(checkpoint)  # verifies the content hash before anything is returned
     model = world_model_from_state(ckpt.architecture, ckpt.tensors).eval()
     info = env_info(env_id)
@@ -444,8 +441,6 @@ def evaluate(
     envs = [make_env(env_id, model.cfg.img_size) for _ in range(min(int(parallel), n))]
     try:
         plan_fn = planner_plan_fn(model, planner, eval_cfg.receding_horizon) if policy == "mpc" else None
-        from lensemble.observability.progress import progress_bar
-
         with progress_bar(f"evaluate {policy} {split}", n, enabled=progress) as advance:
             loop = run_closed_loop(model, envs, specs, eval_cfg, plan_fn=plan_fn, eval_seed=eval_cfg.seed,
                                    advance=advance)
@@ -494,10 +489,6 @@ def load_split(cfg: LensembleConfig, split: str, *, progress: bool = True):
 
     ``split="heldout"``: every silo's held-out episodes; ``"factor"``: the transfer shard.
     """
-    from lensemble.data.collect import load_silo
-    from lensemble.data.shards import EpisodeBatch, load_shard
-    from lensemble.data.store import ensure_data
-
     folder, summary = ensure_data(cfg, progress=progress)
     silos = [s["silo"] for s in summary["silos"]]
     train = [load_silo(folder, c, "train", summary) for c in silos]
@@ -520,8 +511,6 @@ def load_split(cfg: LensembleConfig, split: str, *, progress: bool = True):
 
 
 def _ladder_fields(model, cfg, env_id, split, values, env, seed, progress, settings) -> dict:
-    from lensemble.eval.ladder import LadderSettings, run_ladder
-
     # The collection must match what the checkpoint sees: its resolution and this env.
     data_cfg = cfg.model_copy(update={"model": model.cfg, "env": cfg.env.model_copy(update={"id": env_id})})
     eval_batch, train = load_split(data_cfg, split, progress=progress)
@@ -540,69 +529,4 @@ def _ladder_fields(model, cfg, env_id, split, values, env, seed, progress, setti
     }
 
 
-# ================================================================================== CLI
-def cli_evaluate(
-    checkpoint: str,
-    env: str = "swm/TwoRoom-v1",
-    episodes: int | None = None,
-    split: str = "heldout",
-    policy: str = "mpc",
-    out: str | None = None,
-    overrides: Sequence[str] | None = None,
-    *,
-    ladder: bool = True,
-    progress: bool = True,
-) -> EvalReport:
-    """``lensemble evaluate CKPT --env ... [--episodes N] [--split ...] [--policy ...] [--out f.json]``.
-
-    Composes the config from ``overrides``, runs :func:`evaluate`, prints a short table (stderr)
-    and writes the report JSON to ``out`` when given. Returns the report. ``ladder=False`` skips
-    the ladder (and with it the data collection it may need).
-    """
-    from rich.console import Console
-    from rich.table import Table
-
-    from lensemble.config import load_config
-
-    cfg = load_config(list(overrides or []))
-    report = evaluate(checkpoint, env, cfg=cfg, episodes=episodes, split=split, policy=policy, ladder=ladder,
-                      progress=progress)
-    table = Table(title=f"evaluate {Path(checkpoint).name} on {env} ({split}, {policy})")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    lo, hi = report.success_ci
-    table.add_row("success", f"{report.n_successes}/{report.n_episodes} = {report.success_rate:.1%} "
-                             f"[{lo:.1%}, {hi:.1%}]")
-    table.add_row("time per action", f"{report.time_per_action_ms:.1f} ms")
-    table.add_row("planning samples / plan", str(report.planning_samples))
-    for name in ("transfer_success_rate", "one_step_error", "copy_last_error", "rollout_composite",
-                 "intervention_error", "probe_r2", "effective_dim", "latent_std"):
-        value = getattr(report, name)
-        if value is not None:
-            table.add_row(name.replace("_", " "), f"{value:.4g}")
-    if report.rollout_error:
-        table.add_row("rollout error", ", ".join(f"h={h}: {e:.3g}" for h, e in sorted(report.rollout_error.items())))
-    Console(stderr=True).print(table)
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(report.to_json() + "\n")
-    return report
-
-
-__all__ = [
-    "SPLITS",
-    "POLICIES",
-    "EpisodeSpec",
-    "EpisodeOutcome",
-    "ClosedLoopResult",
-    "validate_request",
-    "eval_factor_values",
-    "episode_specs",
-    "goal_spec_hash",
-    "pose_goal",
-    "planner_plan_fn",
-    "run_closed_loop",
-    "load_split",
-    "evaluate",
-    "cli_evaluate",
-]
+__all__ = ["episode_specs", "eval_factor_values", "evaluate", "planner_plan_fn", "run_closed_loop"]

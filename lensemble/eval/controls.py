@@ -1,4 +1,4 @@
-"""Policies used by the evaluation harness: the goal-setting expert and the random-action control.
+"""The closed loop's controls: the goal-posing expert and the random-action control.
 
 Both are callables ``policy(env) -> action`` over an :class:`~lensemble.envs.EnvAdapter`, like the
 collection policies, and both draw from their own ``numpy.random.Generator`` so an evaluation
@@ -20,6 +20,7 @@ import numpy as np
 
 from lensemble.envs.adapter import EnvAdapter
 from lensemble.envs.factors import TWOROOM
+from lensemble.envs.policies import make_expert
 
 
 class RandomActionPolicy:
@@ -57,8 +58,6 @@ def goal_expert(env: EnvAdapter, rng: np.random.Generator):
     """The noise-free expert that poses evaluation goals for ``env`` (see the module docstring)."""
     if env.env_id == TWOROOM:
         return _TwoRoomTargetExpert()
-    from lensemble.envs.policies import make_expert
-
     return make_expert(env, rng, noise=0.0)
 
 

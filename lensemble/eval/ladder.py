@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from lensemble.config.seeds import derive, numpy_rng
+from lensemble.envs.adapter import env_info
 from lensemble.envs.factors import PUSHT, TWOROOM
 from lensemble.errors import EvaluationError
 from lensemble.model.collapse import effective_dim, latent_std
@@ -398,8 +399,6 @@ def run_ladder(
 
 def _state_names(env_id: str, width: int) -> list[str]:
     try:
-        from lensemble.envs.adapter import env_info
-
         names = list(env_info(env_id).state_names)
         if len(names) == width:
             return names
@@ -409,20 +408,12 @@ def _state_names(env_id: str, width: int) -> list[str]:
 
 
 __all__ = [
-    "HORIZONS",
-    "COMPOSITE_WEIGHTS",
-    "PROBE_DIMS",
     "LadderSettings",
-    "LadderResult",
-    "latent_mse",
     "copy_last_error",
-    "one_step_error",
-    "rollout_errors",
-    "rollout_composite",
     "intervention_error",
-    "linear_probe_r2",
-    "encode_frames",
     "latent_sequences",
-    "intervention_outcomes",
-    "run_ladder",
+    "linear_probe_r2",
+    "one_step_error",
+    "rollout_composite",
+    "rollout_errors",
 ]

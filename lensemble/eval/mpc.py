@@ -426,4 +426,4 @@ class Planner:
         )
 
 
-__all__ = ["FAMILIES", "PlanResult", "Planner", "latent_l1_cost", "shift_plan"]
+__all__ = ["Planner", "latent_l1_cost", "shift_plan"]

@@ -9,17 +9,20 @@ numbers and strings only. Two guards enforce that before any field is parsed:
   not print "nan" into a table.
 
 Out-of-range values are errors too, never clamped: a success rate of 1.02 means a bug upstream.
+:meth:`EvalReport.write` refuses a destination inside a silo's private folder (``guard_export``).
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from lensemble.data.residency import guard_export
 from lensemble.errors import EvaluationError, ResidencyViolation
 from lensemble.eval.stats import wilson_interval
 
@@ -146,6 +149,18 @@ class EvalReport(BaseModel):
     def to_json(self, *, indent: int | None = 2) -> str:
         """JSON text; ``EvalReport.from_json(r.to_json()) == r``."""
         return self.model_dump_json(indent=indent)
+
+    def write(self, path: str | Path) -> Path:
+        """Write :meth:`to_json` and a newline to ``path`` (its folder is created); return the path.
+
+        A report is made to leave the machine, so a destination inside a non-exportable silo
+        folder raises :class:`ResidencyViolation` before anything is written.
+        """
+        path = Path(path)
+        guard_export(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json() + "\n")
+        return path
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "EvalReport":

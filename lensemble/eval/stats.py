@@ -15,13 +15,12 @@ What is here, and why these choices:
   of the estimate, or a constant jackknife) we fall back to the plain percentile interval and say
   so in ``method``. With very few units (say 3–5 seeds) no bootstrap can see the tails it has not
   sampled: intervals are then too narrow, and a verdict should lean to "inconclusive".
-* **Rates**: Wilson score interval (good coverage, never leaves [0, 1], sensible at 0/n) and the
-  Clopper–Pearson exact interval (conservative: coverage at least the nominal level).
+* **Rates**: Wilson score interval (good coverage, never leaves [0, 1], sensible at 0/n).
 * **Two proportions**: the difference with Newcombe's hybrid score interval (built from the two
   Wilson intervals) and a pooled z-test or Fisher's exact test p-value.
 * **Paired tests**: an exact (or Monte-Carlo) sign-flip permutation test of the mean paired
-  difference, and a sign test.
-* **Multiplicity**: Holm (step-down) and Bonferroni, returning reject flags and adjusted p-values.
+  difference.
+* **Multiplicity**: Holm (step-down), returning reject flags and adjusted p-values.
 * **Power**: the minimum detectable effect (MDE) for two independent proportions and for a paired
   design over seeds, plus the inverse (units needed for a target effect). Normal approximations,
   meant for planning before a run, never as post-hoc "observed power".
@@ -118,10 +117,11 @@ class Verdict:
 
 
 # --------------------------------------------------------------------------------------------
-# Input checks
+# Input checks (shared with the study's gap recovery, lensemble.study.gap)
 
 
-def _as_rng(seed: int | np.random.Generator) -> np.random.Generator:
+def as_rng(seed: int | np.random.Generator) -> np.random.Generator:
+    """``seed`` itself when it is a Generator, else a fresh ``default_rng(seed)``."""
     if isinstance(seed, np.random.Generator):
         return seed
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -129,13 +129,15 @@ def _as_rng(seed: int | np.random.Generator) -> np.random.Generator:
     return np.random.default_rng(int(seed))
 
 
-def _check_alpha(alpha: float) -> float:
+def check_alpha(alpha: float) -> float:
+    """``alpha`` as a float in (0, 1), else EvaluationError."""
     if not (0.0 < float(alpha) < 1.0):
         raise EvaluationError(f"alpha must be in (0, 1), got {alpha}")
     return float(alpha)
 
 
-def _as_1d(x, name: str, *, min_n: int = 1) -> np.ndarray:
+def as_1d(x, name: str, *, min_n: int = 1) -> np.ndarray:
+    """``x`` as a finite float64 array (n,), one value per unit, n >= ``min_n``."""
     arr = np.asarray(x, dtype=np.float64)
     if arr.ndim != 1:
         raise EvaluationError(f"{name} must be 1-D (one value per unit), got shape {arr.shape}")
@@ -184,9 +186,9 @@ def bootstrap_ci(
     Returns:
         ``(estimate, Interval)``.
     """
-    alpha = _check_alpha(alpha)
+    alpha = check_alpha(alpha)
     arrays = [data] if isinstance(data, np.ndarray) or np.ndim(data) == 1 else list(data)
-    arrays = [_as_1d(a, "data", min_n=2) for a in arrays]
+    arrays = [as_1d(a, "data", min_n=2) for a in arrays]
     n = arrays[0].size
     if any(a.size != n for a in arrays):
         raise EvaluationError("all arrays passed to bootstrap_ci must have the same length")
@@ -203,7 +205,7 @@ def bootstrap_ci(
         raise EvaluationError(f"unknown bootstrap method {method!r} (use 'bca' or 'percentile')")
 
     estimate = float(statistic(*arrays))
-    rng = _as_rng(seed)
+    rng = as_rng(seed)
     idx = rng.integers(0, n, size=(n_boot, n))
     reps = np.asarray(statistic(*[a[idx] for a in arrays]), dtype=np.float64)
     if reps.shape != (n_boot,):
@@ -268,44 +270,15 @@ def paired_difference(
     The CI resamples whole pairs (the per-unit differences); the p-value is the two-sided
     sign-flip permutation test (:func:`paired_permutation_pvalue`).
     """
-    t = _as_1d(treatment, "treatment", min_n=2)
-    c = _as_1d(control, "control", min_n=2)
+    t = as_1d(treatment, "treatment", min_n=2)
+    c = as_1d(control, "control", min_n=2)
     if t.size != c.size:
         raise EvaluationError(f"paired arrays differ in length: {t.size} vs {c.size}")
     diff = t - c
-    rng = _as_rng(seed)
+    rng = as_rng(seed)
     est, ci = bootstrap_ci(diff, n_boot=n_boot, seed=rng, alpha=alpha, method=method)
     p = paired_permutation_pvalue(diff, seed=rng)
     return PairedDifference(est, ci, p, float(diff.std(ddof=1)), int(diff.size))
-
-
-def paired_bootstrap_mean_diff(
-    treatment,
-    control,
-    *,
-    n_boot: int = 10_000,
-    seed: int | np.random.Generator = 0,
-    alpha: float = 0.05,
-    method: Literal["bca", "percentile"] = "bca",
-) -> tuple[float, Interval]:
-    """``mean(treatment) - mean(control)`` with a paired-seed bootstrap CI.
-
-    Both arrays are indexed by seed and resampled with the same indices. For equal-length paired
-    arrays this equals the mean of the differences; the function exists so callers can say what
-    they mean.
-    """
-    t = _as_1d(treatment, "treatment", min_n=2)
-    c = _as_1d(control, "control", min_n=2)
-    if t.size != c.size:
-        raise EvaluationError(f"paired arrays differ in length: {t.size} vs {c.size}")
-    return bootstrap_ci(
-        [t, c],
-        lambda a, b: a.mean(-1) - b.mean(-1),
-        n_boot=n_boot,
-        seed=seed,
-        alpha=alpha,
-        method=method,
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,7 +298,7 @@ def paired_permutation_pvalue(
     as not. Exact over all 2**n flips for n <= 16; otherwise Monte-Carlo with ``n_perm`` flips,
     using (hits + 1) / (n_perm + 1) so the p-value is never 0.
     """
-    d = _as_1d(differences, "differences", min_n=1)
+    d = as_1d(differences, "differences", min_n=1)
     if alternative not in ("two-sided", "greater", "less"):
         raise EvaluationError(f"unknown alternative {alternative!r}")
     n = d.size
@@ -333,7 +306,7 @@ def paired_permutation_pvalue(
     if n <= _EXACT_PERMUTATION_MAX_N:
         signs = np.array(list(product((1.0, -1.0), repeat=n)))
     else:
-        rng = _as_rng(seed)
+        rng = as_rng(seed)
         signs = rng.choice(np.array([1.0, -1.0]), size=(n_perm, n))
     null = (signs * d).mean(-1)
     # A relative tolerance so that float noise in the flipped means never flips a tie.
@@ -349,18 +322,6 @@ def paired_permutation_pvalue(
     return float((hits + 1) / (n_perm + 1))
 
 
-def sign_test_pvalue(differences, *, alternative: Alternative = "two-sided") -> float:
-    """Exact sign test: the number of positive differences is Binomial(n, 1/2) under the null.
-
-    Zero differences carry no sign and are dropped; with no non-zero difference the p-value is 1.
-    """
-    d = _as_1d(differences, "differences", min_n=1)
-    nz = d[d != 0]
-    if nz.size == 0:
-        return 1.0
-    return float(stats.binomtest(int(np.sum(nz > 0)), nz.size, 0.5, alternative=alternative).pvalue)
-
-
 # --------------------------------------------------------------------------------------------
 # Rates
 
@@ -372,7 +333,7 @@ def wilson_interval(successes: int, n: int, *, alpha: float = 0.05) -> Interval:
     0/n and n/n, where the textbook Wald interval collapses to a point.
     """
     k, n = _check_counts(successes, n)
-    alpha = _check_alpha(alpha)
+    alpha = check_alpha(alpha)
     z = stats.norm.ppf(1 - alpha / 2)
     p = k / n
     denom = 1 + z * z / n
@@ -382,25 +343,6 @@ def wilson_interval(successes: int, n: int, *, alpha: float = 0.05) -> Interval:
     low = 0.0 if k == 0 else max(0.0, float(centre - half))
     high = 1.0 if k == n else min(1.0, float(centre + half))
     return Interval(low, high, 1 - alpha, "wilson")
-
-
-def clopper_pearson_interval(successes: int, n: int, *, alpha: float = 0.05) -> Interval:
-    """Clopper–Pearson "exact" interval: inverts two one-sided binomial tests via Beta quantiles.
-
-    Coverage is at least ``1 - alpha`` for every true rate (hence wider than Wilson).
-    """
-    k, n = _check_counts(successes, n)
-    alpha = _check_alpha(alpha)
-    low = 0.0 if k == 0 else float(stats.beta.ppf(alpha / 2, k, n - k + 1))
-    high = 1.0 if k == n else float(stats.beta.ppf(1 - alpha / 2, k + 1, n - k))
-    return Interval(low, high, 1 - alpha, "clopper-pearson")
-
-
-def rate_standard_error(p: float, n: int) -> float:
-    """Binomial standard error sqrt(p (1 - p) / n) of a rate estimated from n episodes."""
-    if not 0.0 <= p <= 1.0 or n < 1:
-        raise EvaluationError(f"need p in [0, 1] and n >= 1, got p={p}, n={n}")
-    return math.sqrt(p * (1 - p) / n)
 
 
 def compare_proportions(
@@ -452,16 +394,6 @@ def _check_pvalues(p_values) -> np.ndarray:
     return p
 
 
-def bonferroni(p_values, *, alpha: float = 0.05) -> MultipleTestResult:
-    """Bonferroni: reject H_i when m·p_i <= alpha (adjusted p = min(1, m·p_i))."""
-    alpha = _check_alpha(alpha)
-    p = _check_pvalues(p_values)
-    adj = np.minimum(1.0, p * p.size)
-    return MultipleTestResult(
-        tuple(bool(x) for x in adj <= alpha), tuple(float(x) for x in adj), alpha, "bonferroni"
-    )
-
-
 def holm(p_values, *, alpha: float = 0.05) -> MultipleTestResult:
     """Holm's step-down procedure (controls the familywise error rate, uniformly beats Bonferroni).
 
@@ -469,7 +401,7 @@ def holm(p_values, *, alpha: float = 0.05) -> MultipleTestResult:
     procedure stops at the first non-rejection. Adjusted p-values are the running maximum of
     (m - i + 1)·p_(i), capped at 1, so ``reject == adjusted <= alpha``.
     """
-    alpha = _check_alpha(alpha)
+    alpha = check_alpha(alpha)
     p = _check_pvalues(p_values)
     m = p.size
     order = np.argsort(p, kind="stable")
@@ -488,7 +420,7 @@ def holm(p_values, *, alpha: float = 0.05) -> MultipleTestResult:
 
 
 def _z_sum(alpha: float, power: float, alternative: Literal["two-sided", "one-sided"]) -> tuple:
-    alpha = _check_alpha(alpha)
+    alpha = check_alpha(alpha)
     if not 0.0 < power < 1.0:
         raise EvaluationError(f"power must be in (0, 1), got {power}")
     if alternative not in ("two-sided", "one-sided"):
@@ -538,44 +470,6 @@ def mde_two_proportions(
     if gap(room) < 0:
         return math.inf
     return float(optimize.brentq(gap, 1e-12, room, xtol=1e-10))
-
-
-def episodes_for_two_proportions(
-    baseline: float,
-    delta: float,
-    *,
-    alpha: float = 0.05,
-    power: float = 0.8,
-    alternative: Literal["two-sided", "one-sided"] = "two-sided",
-    direction: Direction = "increase",
-) -> int:
-    """Episodes per arm so that :func:`mde_two_proportions` is at most ``delta``."""
-    if not delta > 0:
-        raise EvaluationError(f"delta must be positive, got {delta}")
-    n = 1
-    # MDE falls monotonically in n; double then bisect.
-    while (
-        mde_two_proportions(
-            baseline, n, alpha=alpha, power=power, alternative=alternative, direction=direction
-        )
-        > delta
-    ):
-        n *= 2
-        if n > 10**9:
-            raise EvaluationError("delta is too small to detect with any practical sample")
-    lo, hi = max(1, n // 2), n
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if (
-            mde_two_proportions(
-                baseline, mid, alpha=alpha, power=power, alternative=alternative, direction=direction
-            )
-            <= delta
-        ):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 def mde_paired(
@@ -701,25 +595,14 @@ def verdict(
 
 
 __all__ = [
-    "Interval",
-    "PairedDifference",
-    "ProportionComparison",
-    "MultipleTestResult",
-    "Verdict",
     "bootstrap_ci",
-    "paired_difference",
-    "paired_bootstrap_mean_diff",
-    "paired_permutation_pvalue",
-    "sign_test_pvalue",
-    "wilson_interval",
-    "clopper_pearson_interval",
-    "rate_standard_error",
     "compare_proportions",
-    "bonferroni",
     "holm",
-    "mde_two_proportions",
-    "episodes_for_two_proportions",
     "mde_paired",
+    "mde_two_proportions",
+    "paired_difference",
+    "paired_permutation_pvalue",
     "units_for_paired",
     "verdict",
+    "wilson_interval",
 ]

@@ -13,7 +13,7 @@ Conventions:
   separately, the ladder family (each rung against naive);
 * success rates also get a Wilson interval on the episodes pooled over seeds (which ignores the
   seed-to-seed variance, so it is the narrower of the two and never decides a claim);
-* ρ uses :func:`~lensemble.eval.gap.gap_recovery` and is undefined when the denominator's interval
+* ρ uses :func:`~lensemble.study.gap.gap_recovery` and is undefined when the denominator's interval
   contains 0;
 * every verdict comes from :func:`~lensemble.eval.stats.verdict`; a missing arm, too few seeds or an
   unmeasurable metric (e.g. drift on degenerate frames) makes a claim inconclusive, with the reason.
@@ -29,6 +29,19 @@ from pathlib import Path
 import numpy as np
 
 from lensemble.errors import EvaluationError
+from lensemble.eval.stats import (
+    bootstrap_ci,
+    holm,
+    paired_difference,
+    paired_permutation_pvalue,
+    verdict,
+    wilson_interval,
+)
+from lensemble.study.files import atomic_write, load_failures, load_summaries
+from lensemble.study.gap import gap_recovery
+from lensemble.study.plan import LADDER
+from lensemble.study.registry import load_registry
+from lensemble.study.spec import ALL_ARMS
 
 ROUND_METRICS = ("gauge/drift_angle_deg", "gauge/global_effective_dim", "gauge/global_latent_std",
                  "gauge/effective_dim", "gauge/pairwise_angle_deg", "gauge/angle_to_warmstart_deg", "loss/pred",
@@ -105,8 +118,6 @@ def arm_values(cell: dict, arm: str, summaries: dict, local_reference: str = "me
 
 # ================================================================================== statistics
 def _interval(values: list[float], n_boot: int) -> list[float] | None:
-    from lensemble.eval.stats import bootstrap_ci
-
     if len(values) < 2:
         return None
     _, ci = bootstrap_ci(np.asarray(values, float), n_boot=n_boot, seed=0)
@@ -121,8 +132,6 @@ def _describe(per_seed: dict[int, dict], metric: str, n_boot: int) -> dict:
 
 def arm_stats(per_seed: dict[int, dict], n_boot: int) -> dict:
     """Means over seeds with bootstrap intervals, pooled Wilson success interval, round curves."""
-    from lensemble.eval.stats import wilson_interval
-
     k = sum(int(v.get("n_successes") or 0) for v in per_seed.values())
     n = sum(int(v.get("n_episodes") or 0) for v in per_seed.values())
     out = {"seeds": sorted(per_seed), "n_seeds": len(per_seed)}
@@ -155,8 +164,6 @@ def arm_stats(per_seed: dict[int, dict], n_boot: int) -> dict:
 def paired_comparison(t: dict[int, dict], c: dict[int, dict], metric: str, direction: str, *,
                       n_boot: int, alternative: str, min_seeds: int = 2) -> dict:
     """Mean paired difference treatment − control over the common seeds, CI and p-value."""
-    from lensemble.eval.stats import paired_difference, paired_permutation_pvalue
-
     seeds = sorted(s for s in set(t) & set(c) if t[s].get(metric) is not None and c[s].get(metric) is not None)
     res = {"metric": metric, "direction": direction, "seeds": seeds, "n": len(seeds),
            "treatment_mean": _mean([t[s][metric] for s in seeds]),
@@ -176,8 +183,6 @@ def paired_comparison(t: dict[int, dict], c: dict[int, dict], metric: str, direc
 
 
 def _decide(comp: dict, *, delta: float, alpha: float, p_adjusted: float | None) -> dict:
-    from lensemble.eval.stats import verdict
-
     if comp.get("estimate") is None:
         return {"label": "inconclusive", "reason": comp.get("missing", "not measured")}
     v = verdict(comp["estimate"], tuple(comp["ci"]), delta=delta, direction=comp["direction"],
@@ -197,9 +202,6 @@ def _guard(label: str, ci, direction: str) -> None:
 
 def _rho(fed: dict, local: dict, central: dict, *, threshold: float, alpha: float, n_boot: int,
          min_seeds: int = 2) -> dict:
-    from lensemble.eval.gap import gap_recovery
-    from lensemble.eval.stats import verdict
-
     seeds = sorted(s for s in set(fed) & set(local) & set(central)
                    if None not in (fed[s].get("success"), local[s].get("success"), central[s].get("success")))
     out = {"seeds": seeds, "n": len(seeds), "threshold": threshold, "rho": None, "rho_ci": None, "defined": False}
@@ -228,8 +230,6 @@ def _rho(fed: dict, local: dict, central: dict, *, threshold: float, alpha: floa
 
 
 def _holm(pvals: dict[str, float | None], alpha: float) -> dict[str, float | None]:
-    from lensemble.eval.stats import holm
-
     keys = [k for k, p in pvals.items() if p is not None]
     adjusted = dict.fromkeys(pvals)
     if keys:
@@ -249,9 +249,6 @@ def _combine(labels: list[str]) -> str:
 # ================================================================================== the analysis
 def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
     """Decide every registered claim from the study folder's summaries; write ``analysis.json``."""
-    from lensemble.eval.registry import load_registry
-    from lensemble.eval.study import ALL_ARMS, load_failures, load_summaries
-
     study_dir = Path(study_dir)
     reg = load_registry(study_dir)
     plan = json.loads((study_dir / "plan.json").read_text())
@@ -275,7 +272,7 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
                 "key": cell["key"], "value": cell["value"], "budget": cell["budget"], "seeds": cell["seeds"],
                 "arms": {arm: arm_stats(v, n_boot) for arm, v in vals.items()},
             }
-    ladder = values.get("ladder", {}).get("default", {})
+    ladder = values.get(LADDER, {}).get("default", {})
 
     def comp_result(spec: dict, cell_vals: dict) -> dict:
         t, c = cell_vals.get(spec["treatment"]), cell_vals.get(spec["control"])
@@ -358,7 +355,7 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
     sweeps = {}
     anch = c3["treatment"] if c3 else "anchor"
     for g, points in values.items():
-        if g == "ladder":
+        if g == LADDER:
             continue
         rows = []
         for p, cell_vals in points.items():
@@ -392,9 +389,7 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
         assert c["label"] in LABELS
     out = json.loads(json.dumps(out, default=_json_default))
     if write:
-        from lensemble.eval.study import _atomic_write
-
-        _atomic_write(study_dir / "analysis.json", json.dumps(out, indent=1, sort_keys=True))
+        atomic_write(study_dir / "analysis.json", json.dumps(out, indent=1, sort_keys=True))
     return out
 
 

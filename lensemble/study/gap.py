@@ -24,7 +24,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from lensemble.errors import EvaluationError
-from lensemble.eval.stats import _as_1d, _as_rng, _check_alpha
+from lensemble.eval.stats import as_1d, as_rng, check_alpha
 
 
 class GapRecovery(BaseModel):
@@ -76,10 +76,10 @@ def gap_recovery(
         :class:`GapRecovery`. The denominator interval is always reported; ρ and its interval only
         when that interval excludes zero.
     """
-    alpha = _check_alpha(alpha)
-    fed = _as_1d(s_fed, "s_fed", min_n=2)
-    local = _as_1d(s_local, "s_local", min_n=2)
-    central = _as_1d(s_central, "s_central", min_n=2)
+    alpha = check_alpha(alpha)
+    fed = as_1d(s_fed, "s_fed", min_n=2)
+    local = as_1d(s_local, "s_local", min_n=2)
+    central = as_1d(s_central, "s_central", min_n=2)
     if not fed.size == local.size == central.size:
         raise EvaluationError(
             f"gap_recovery needs one score per seed for every arm; got lengths "
@@ -95,7 +95,7 @@ def gap_recovery(
     den_units = central - local
     num, den = float(num_units.mean()), float(den_units.mean())
 
-    rng = _as_rng(seed)
+    rng = as_rng(seed)
     n = fed.size
     idx = rng.integers(0, n, size=(n_boot, n))
     num_reps = num_units[idx].mean(-1)

@@ -28,7 +28,13 @@ from pathlib import Path
 
 import yaml
 
+from lensemble.config.loader import load_config
+from lensemble.config.rungs import RUNGS
 from lensemble.errors import ConfigError
+from lensemble.eval.stats import mde_paired, mde_two_proportions, units_for_paired
+from lensemble.study.files import atomic_write, now
+from lensemble.study.plan import LADDER, PATH_KEYS, drop_keys
+from lensemble.study.spec import FEDERATED_ARMS
 
 SCHEMA_VERSION = 1
 _VOLATILE = ("registered_at", "amendments", "registry_hash", "revisions_before_runs")
@@ -49,16 +55,12 @@ def _finite_or_none(x: float) -> float | None:
 
 
 def _mde(sd: float, n: int, alpha: float, power: float, alternative: str) -> float | None:
-    from lensemble.eval.stats import mde_paired
-
     if n < 2:
         return None
     return _finite_or_none(mde_paired(sd, n, alpha=alpha, power=power, alternative=alternative, distribution="t"))
 
 
 def _units(delta: float, sd: float, alpha: float, power: float, alternative: str) -> int | None:
-    from lensemble.eval.stats import units_for_paired
-
     if sd == 0:
         return 2
     try:
@@ -69,8 +71,6 @@ def _units(delta: float, sd: float, alpha: float, power: float, alternative: str
 
 def power_analysis(spec, n_seeds: int, n_episodes: int, holm_k: int) -> dict:
     """MDEs and floors of the registered design (numbers, plus the formulas they came from)."""
-    from lensemble.eval.stats import mde_two_proportions
-
     r = spec.registry
     p = r.planning
     alt = r.alternative
@@ -179,9 +179,11 @@ def _claims(spec, plan) -> tuple[list[dict], list[dict]]:
         },
     ]
     ladder_family = []
-    present = set(plan.groups.get("ladder", {}).get("default", {}).get("arms", {}))
-    for arm in [a for a in ("sketch", "backstop", "anchor", "distill", "fork_a") if a in present]:
-        if "naive" not in present:
+    present = set(plan.groups.get(LADDER, {}).get("default", {}).get("arms", {}))
+    naive = RUNGS[0]  # the rung without any gauge control: naive FedAvg
+    # Every other federated arm of the ladder against naive FedAvg, in ladder order.
+    for arm in [a for a in FEDERATED_ARMS if a != naive and a in present]:
+        if naive not in present:
             break
         ladder_family.append({"id": f"L.{arm}.drift", "metric": "drift_final", "treatment": arm, "control": "naive",
                               "direction": "decrease", "delta": d.drift_deg, "unit": "degrees"})
@@ -192,10 +194,7 @@ def _claims(spec, plan) -> tuple[list[dict], list[dict]]:
 
 def build_registry(spec, plan) -> dict:
     """The registry for ``spec`` and its ``plan`` (a plain dict, YAML-ready)."""
-    from lensemble.config import load_config
-    from lensemble.eval.study import _PATH_KEYS, _drop_keys
-
-    ladder = plan.groups.get("ladder", {}).get("default")
+    ladder = plan.groups.get(LADDER, {}).get("default")
     base_ov = ladder["overrides"] if ladder else list(spec.overrides)
     cfg = load_config(base_ov)
     e = cfg.eval
@@ -231,7 +230,7 @@ def build_registry(spec, plan) -> dict:
             "seeds": list(spec.seeds),
             "pairing": claims[0]["pairing"],
             "environment": cfg.env.id,
-            "base_overrides": _drop_keys(list(spec.overrides), _PATH_KEYS),
+            "base_overrides": drop_keys(list(spec.overrides), PATH_KEYS),
             "arms": spec.ladder_arms(),
             "anchored_rung": r.anchored_rung,
             "warmstart": {"scope": spec.warmstart, "data": "public corpus only",
@@ -304,11 +303,9 @@ def load_registry(study_dir: str | Path) -> dict:
 
 
 def _write(path: Path, registry: dict) -> None:
-    from lensemble.eval.study import _atomic_write
-
     header = ("# Pre-registration of this study, written before any run (docs/study.md).\n"
               "# Do not edit by hand: change the preset and rerun with --amend '<reason>'.\n")
-    _atomic_write(path, header + yaml.safe_dump(registry, sort_keys=False, allow_unicode=True, width=110))
+    atomic_write(path, header + yaml.safe_dump(registry, sort_keys=False, allow_unicode=True, width=110))
 
 
 def sync_registry(study_dir: str | Path, registry: dict, *, runs_done: int, amend: str | None = None) -> dict:
@@ -316,12 +313,10 @@ def sync_registry(study_dir: str | Path, registry: dict, *, runs_done: int, amen
 
     Returns the registry as stored (with ``registered_at``, ``registry_hash`` and ``amendments``).
     """
-    from lensemble.eval.study import _now
-
     path = registry_path(study_dir)
     new_hash = core_hash(registry)
     if not path.exists():
-        stored = {**registry, "registered_at": _now(), "registry_hash": new_hash, "amendments": []}
+        stored = {**registry, "registered_at": now(), "registry_hash": new_hash, "amendments": []}
         _write(path, stored)
         return stored
     old = yaml.safe_load(path.read_text()) or {}
@@ -329,7 +324,7 @@ def sync_registry(study_dir: str | Path, registry: dict, *, runs_done: int, amen
         return old
     changes = _diff({k: v for k, v in old.items() if k not in _VOLATILE}, registry)
     if runs_done == 0:
-        stored = {**registry, "registered_at": _now(), "registry_hash": new_hash,
+        stored = {**registry, "registered_at": now(), "registry_hash": new_hash,
                   "amendments": old.get("amendments", []),
                   "revisions_before_runs": int(old.get("revisions_before_runs", 0)) + 1}
         _write(path, stored)
@@ -339,7 +334,7 @@ def sync_registry(study_dir: str | Path, registry: dict, *, runs_done: int, amen
         raise ConfigError(
             f"the registry would change after {runs_done} runs finished ({shown})",
             remediation="restore the preset, or record the change as an amendment: --amend '<reason>'")
-    amendment = {"at": _now(), "reason": amend, "runs_done": runs_done, "previous_hash": old.get("registry_hash"),
+    amendment = {"at": now(), "reason": amend, "runs_done": runs_done, "previous_hash": old.get("registry_hash"),
                  "new_hash": new_hash, "changes": json.loads(json.dumps(changes, default=str))}
     stored = {**registry, "registered_at": old.get("registered_at"), "registry_hash": new_hash,
               "amendments": list(old.get("amendments", [])) + [amendment]}

@@ -1,9 +1,12 @@
 """The study report: ``report.md``, ``report.html`` and PNG figures, from the analysis alone.
 
-:func:`write_report` takes the dict :func:`lensemble.eval.analysis.analyze` returns (which itself
+:func:`write_report` takes the dict :func:`lensemble.study.analysis.analyze` returns (which itself
 reads only the registry, the plan and the run summaries), so a report can be rebuilt from the
 committed ``docs/results/<study>/`` folder without any checkpoint. The HTML is the Markdown
 rendered by markdown-it (the same text, tables and images), with a small stylesheet.
+
+Every file goes into the study folder, which is meant to be shared: each write first checks
+that its destination is not inside a silo's private folder (``guard_export``).
 """
 
 from __future__ import annotations
@@ -11,14 +14,27 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from rich.console import Console
+
+from lensemble.config.rungs import RUNGS
+from lensemble.data.residency import guard_export
+from lensemble.errors import ConfigError
+from lensemble.study.analysis import analyze
+from lensemble.study.files import atomic_write
+from lensemble.study.plan import LADDER
+from lensemble.study.registry import load_registry
+from lensemble.study.spec import ALL_ARMS, FEDERATED_ARMS
+
 FIG_DIR = "figures"
 FIGURES = ("drift_rounds.png", "success.png", "effective_dim.png", "latent_std.png", "rho_severity.png",
            "lambda_anc.png")
+# What each rung adds to the one below it (the ladder is additive); the numbering follows RUNGS.
+_RUNG_TEXT = {"naive": "naive FedAvg", "sketch": "+ shared sketch", "backstop": "+ Procrustes backstop",
+              "anchor": "+ frame anchor", "distill": "+ distillation"}
 _ARM_LABEL = {"central": "centralized (pooled)", "local": "local-only (mean over silos)",
-              "local_best": "local-only (best silo)", "naive": "1 naive FedAvg", "sketch": "2 + shared sketch",
-              "backstop": "3 + Procrustes backstop", "anchor": "4 + frame anchor", "distill": "5 + distillation",
+              "local_best": "local-only (best silo)",
+              **{rung: f"{i} {_RUNG_TEXT.get(rung, rung)}" for i, rung in enumerate(RUNGS, start=1)},
               "fork_a": "Fork A (frozen encoder)"}
-_FED = ("naive", "sketch", "backstop", "anchor", "distill", "fork_a")
 
 
 # ================================================================================== formatting
@@ -92,6 +108,7 @@ def _empty(ax, text: str) -> None:
 
 
 def _save(fig, path: Path) -> None:
+    guard_export(path)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     _plt().close(fig)
@@ -99,7 +116,7 @@ def _save(fig, path: Path) -> None:
 
 def _curve_panel(ax, arms: dict, metric: str, ylabel: str, title: str) -> None:
     drawn = False
-    for arm in _FED:
+    for arm in FEDERATED_ARMS:
         curve = (arms.get(arm) or {}).get("curves", {}).get(metric)
         if not curve:
             continue
@@ -224,8 +241,9 @@ def write_figures(study_dir: Path, analysis: dict) -> list[str]:
     """Draw every figure into ``<study>/figures/``; return their paths relative to the study folder."""
     plt = _plt()
     fig_dir = study_dir / FIG_DIR
+    guard_export(fig_dir)
     fig_dir.mkdir(parents=True, exist_ok=True)
-    arms = analysis["groups"].get("ladder", {}).get("default", {}).get("arms", {})
+    arms = analysis["groups"].get(LADDER, {}).get("default", {}).get("arms", {})
     threshold = next((c["rho"]["threshold"] for c in analysis["claims"] if c["id"] == "C3" and c.get("rho")), None)
     out = []
 
@@ -270,13 +288,13 @@ def write_figures(study_dir: Path, analysis: dict) -> list[str]:
     out += [f"{FIG_DIR}/{n}" for n in FIGURES]
 
     for g, group in analysis["groups"].items():
-        if g in ("ladder", "lambda_anc"):
+        if g in (LADDER, "lambda_anc"):
             continue
         key = next(iter(group.values()))["key"] or g
         sweep_arms = sorted({a for cell in group.values() for a in cell["arms"]},
-                            key=lambda a: list(_ARM_LABEL).index(a) if a in _ARM_LABEL else 99)
+                            key=lambda a: ALL_ARMS.index(a) if a in ALL_ARMS else len(ALL_ARMS))
         fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-        _sweep_panel(axes[0], group, [a for a in sweep_arms if a in _FED], "drift_final", "final drift (degrees)", key)
+        _sweep_panel(axes[0], group, [a for a in sweep_arms if a in FEDERATED_ARMS], "drift_final", "final drift (degrees)", key)
         _sweep_panel(axes[1], group, sweep_arms, "success", "MPC success rate", key)
         _rho_panel(axes[2], analysis["sweeps"].get(g, []), key, threshold)
         axes[0].set_title(f"Frame drift against {key}", fontsize=10)
@@ -325,7 +343,7 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
         lines.append(f"| {c['id']} {_esc(c['title'])} | {_verdict(c['label'])} | {nums} | {_esc(c['reason'])} |")
     lines.append("")
 
-    arms = analysis["groups"].get("ladder", {}).get("default", {}).get("arms", {})
+    arms = analysis["groups"].get(LADDER, {}).get("default", {}).get("arms", {})
     lines += ["## Ablation ladder and baselines", "",
               f"Seeds {design['seeds']}; {design['evaluation']['episodes']} evaluation episodes per model "
               f"({design['evaluation']['split']} split, {design['evaluation']['planner']} "
@@ -362,7 +380,7 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
                          f"{_num(r.get('p_value'))} | {_num(r.get('p_adjusted'))} | {r['label']} |")
         lines.append("")
 
-    sweeps = {g: v for g, v in analysis["groups"].items() if g != "ladder"}
+    sweeps = {g: v for g, v in analysis["groups"].items() if g != LADDER}
     if sweeps:
         lines += ["## Sweeps", ""]
     for g, group in sweeps.items():
@@ -459,16 +477,27 @@ def render_html(markdown_text: str, title: str) -> str:
 
 def write_report(study_dir: str | Path, analysis: dict) -> Path:
     """Write figures, ``report.md`` and ``report.html`` into the study folder; return report.md."""
-    from lensemble.eval.registry import load_registry
-    from lensemble.eval.study import _atomic_write
-
     study_dir = Path(study_dir)
     registry = load_registry(study_dir)
     figures = write_figures(study_dir, analysis)
     md = render_markdown(analysis, registry, figures)
-    _atomic_write(study_dir / "report.md", md)
-    _atomic_write(study_dir / "report.html", render_html(md, f"Study {analysis['study']}"))
+    atomic_write(study_dir / "report.md", md)
+    atomic_write(study_dir / "report.html", render_html(md, f"Study {analysis['study']}"))
     return study_dir / "report.md"
 
 
-__all__ = ["FIGURES", "write_figures", "render_markdown", "render_html", "write_report"]
+def rebuild_report(study_dir: str | Path, *, progress: bool = True) -> tuple[dict, Path]:
+    """Analysis and report from a study folder alone (registry, plan and run summaries); returns
+    (the analysis dict, the path of report.md)."""
+    study_dir = Path(study_dir)
+    for need in ("registry.yaml", "plan.json"):
+        if not (study_dir / need).exists():
+            raise ConfigError(f"{study_dir} holds no {need}", remediation="run the study first")
+    analysis = analyze(study_dir)
+    report = write_report(study_dir, analysis)
+    if progress:
+        Console(stderr=True).print(f"report: {report}")
+    return analysis, report
+
+
+__all__ = ["FIGURES", "rebuild_report", "write_report"]

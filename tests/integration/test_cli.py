@@ -2,17 +2,26 @@
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
-from lensemble.cli import app
+from lensemble.cli import app, parse_seeds
+from lensemble.errors import ConfigError
 
 runner = CliRunner()
 
 
 def test_help_lists_the_commands():
     out = runner.invoke(app, ["--help"]).output
-    for cmd in ("config", "data", "train", "warmstart", "run", "evaluate", "drift"):
+    for cmd in ("config", "data", "train", "warmstart", "run", "evaluate", "study", "drift"):
         assert cmd in out
+
+
+def test_parse_seeds():
+    assert parse_seeds("0-2,7") == [0, 1, 2, 7] and parse_seeds("3") == [3]
+    for bad in ("", "a-b", ","):
+        with pytest.raises(ConfigError):
+            parse_seeds(bad)
 
 
 def test_bad_override_fails_cleanly():

@@ -4,7 +4,10 @@ import json
 
 import pytest
 
+from lensemble.cli import cli_evaluate
 from lensemble.errors import CheckpointIntegrityError, ConfigError, EvaluationError
+from lensemble.eval import closed_loop
+from lensemble.eval.closed_loop import evaluate
 from lensemble.eval.ladder import LadderSettings
 from lensemble.eval.reports import EvalReport
 
@@ -28,8 +31,6 @@ def setup(tmp_path_factory):
 
 
 def test_mpc_report_is_complete_and_round_trips(setup):
-    from lensemble.eval.harness import evaluate
-
     cfg, root, digest, _ = setup
     report = evaluate(root / "ckpt", ENV, cfg=cfg, episodes=2, progress=False, ladder_settings=SMALL_LADDER)
     assert report.n_episodes == 2 and 0.0 <= report.success_rate <= 1.0
@@ -47,8 +48,6 @@ def test_mpc_report_is_complete_and_round_trips(setup):
 
 
 def test_factor_split_reports_transfer_values(setup):
-    from lensemble.eval.harness import evaluate
-
     cfg, root, _, _ = setup
     report = evaluate(root / "ckpt", ENV, cfg=cfg, episodes=2, split="factor", progress=False, ladder=False)
     assert report.held_out_factors and all(f.startswith("agent.color=") for f in report.held_out_factors)
@@ -56,8 +55,6 @@ def test_factor_split_reports_transfer_values(setup):
 
 
 def test_random_policy_via_cli(setup, tmp_path):
-    from lensemble.eval.harness import cli_evaluate
-
     _, root, _, overrides = setup
     out = tmp_path / "report.json"
     report = cli_evaluate(str(root / "ckpt"), ENV, 2, "heldout", "random", str(out),
@@ -69,8 +66,6 @@ def test_random_policy_via_cli(setup, tmp_path):
 
 def test_tampered_checkpoint_is_refused(setup, tmp_path):
     import shutil
-
-    from lensemble.eval.harness import evaluate
 
     cfg, root, _, _ = setup
     bad = tmp_path / "bad"
@@ -85,13 +80,13 @@ def test_tampered_checkpoint_is_refused(setup, tmp_path):
 
 def test_unknown_env_fails_before_anything_is_built(setup, monkeypatch):
     import lensemble.envs.adapter as adapter
-    from lensemble.eval.harness import evaluate
 
     cfg, root, _, _ = setup
 
     def no_env(*a, **k):
         raise AssertionError("an env was created")
 
+    monkeypatch.setattr(closed_loop, "make_env", no_env)
     monkeypatch.setattr(adapter, "make_env", no_env)
     monkeypatch.setattr(adapter, "EnvAdapter", no_env)
     with pytest.raises(EvaluationError):
@@ -102,8 +97,6 @@ def test_unknown_env_fails_before_anything_is_built(setup, monkeypatch):
 
 
 def test_bad_planner_config_is_a_config_error(setup):
-    from lensemble.eval.harness import evaluate
-
     cfg, root, _, _ = setup
     # model_copy skips pydantic validation: evaluate must catch the inconsistency itself.
     bad = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"topk": cfg.eval.num_samples + 1})})
@@ -116,7 +109,6 @@ def test_banded_predictor_evaluates_end_to_end(setup, tmp_path):
     depth·(W−1)+1 latents) and the whole ladder; its architecture round-trips the attention kind."""
     from lensemble.artifacts import load_checkpoint, save_checkpoint
     from lensemble.config import load_config
-    from lensemble.eval.harness import evaluate
     from lensemble.model import architecture, build_world_model
 
     _, _, _, overrides = setup

@@ -9,9 +9,16 @@ import shutil
 import pytest
 import yaml
 
-from lensemble.errors import ConfigError
-from lensemble.eval import study as st
-from lensemble.eval.study_report import FIGURES
+from lensemble.cli import study_command
+from lensemble.data.residency import mark_silo_folder
+from lensemble.errors import ConfigError, ResidencyViolation
+from lensemble.study import runner
+from lensemble.study.analysis import analyze
+from lensemble.study.files import write_summary
+from lensemble.study.plan import expand_sweep, normalize_overrides, overrides_from_config, plan_study
+from lensemble.study.registry import build_registry, sync_registry
+from lensemble.study.report import FIGURES
+from lensemble.study.spec import load_study_spec
 
 VERDICTS = ("confirmed", "falsified", "inconclusive")
 
@@ -21,14 +28,14 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("study")
     kw = dict(name="tiny", out=root / "results", scratch=root / "scratch", progress=False)
     ov = [f"data.root={root / 'data'}"]
-    planned = st.study_command(ov, plan_only=True, **kw)
+    planned = study_command(ov, plan_only=True, **kw)
     study_dir = root / "results" / "tiny"
     assert (study_dir / "registry.yaml").exists() and (study_dir / "plan.json").exists()
     assert not list((study_dir / "runs").glob("*.json")) if (study_dir / "runs").exists() else True
     assert planned.executed == 0 and planned.report is None
 
     seen = []
-    real_run = st._Runner.run
+    real_run = runner._Runner.run
 
     def spy(self, run):
         # The registry is on disk, unchanged, before the first run starts.
@@ -38,8 +45,8 @@ def tiny(tmp_path_factory):
         return real_run(self, run)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(st._Runner, "run", spy)
-        result = st.study_command(ov, **kw)
+        mp.setattr(runner._Runner, "run", spy)
+        result = study_command(ov, **kw)
     assert seen, "no run was executed"
     return {"root": root, "kw": kw, "ov": ov, "dir": study_dir, "result": result, "first_hash": seen[0]}
 
@@ -118,34 +125,34 @@ def test_report_structure(tiny):
 
 
 def test_rerun_skips_finished_runs_and_resumes_missing_ones(tiny, monkeypatch):
-    again = st.study_command(tiny["ov"], **tiny["kw"])
+    again = study_command(tiny["ov"], **tiny["kw"])
     assert again.executed == 0 and again.skipped == again.planned
     # Lose two summaries; one run then crashes: it is recorded as failed, not as done.
     d = tiny["dir"]
     for rid in ("naive-s1", "lambda_anc-3.0-anchor-s0"):
         (d / "runs" / f"{rid}.json").unlink()
-    real = st._Runner._execute
+    real = runner._Runner._execute
 
     def flaky(self, run):
         if run.run_id == "naive-s1":
             raise RuntimeError("injected failure")
         return real(self, run)
 
-    monkeypatch.setattr(st._Runner, "_execute", flaky)
-    partial = st.study_command(tiny["ov"], **tiny["kw"])
+    monkeypatch.setattr(runner._Runner, "_execute", flaky)
+    partial = study_command(tiny["ov"], **tiny["kw"])
     assert partial.executed == 1 and list(partial.failed) == ["naive-s1"]
     assert (d / "runs" / "naive-s1.failed.json").exists()
     assert not partial.analysis["status"]["complete"]
     assert "partial" in (d / "report.md").read_text()
-    monkeypatch.setattr(st._Runner, "_execute", real)
-    done = st.study_command(tiny["ov"], jobs=2, **tiny["kw"])  # the retry runs in a worker process
+    monkeypatch.setattr(runner._Runner, "_execute", real)
+    done = study_command(tiny["ov"], jobs=2, **tiny["kw"])  # the retry runs in a worker process
     assert done.executed == 1 and done.failed == {} and done.analysis["status"]["complete"]
     assert not (d / "runs" / "naive-s1.failed.json").exists()
 
 
 def test_changed_settings_of_finished_runs_are_refused(tiny):
     with pytest.raises(ConfigError, match="other settings"):
-        st.study_command(tiny["ov"] + ["train.lr=0.002"], **tiny["kw"])
+        study_command(tiny["ov"] + ["train.lr=0.002"], **tiny["kw"])
 
 
 def test_registry_change_after_runs_needs_an_amendment(tiny, tmp_path):
@@ -154,8 +161,8 @@ def test_registry_change_after_runs_needs_an_amendment(tiny, tmp_path):
     kw = {**tiny["kw"], "out": out}
     change = ["study.registry.rho_threshold=0.6"]
     with pytest.raises(ConfigError, match="amend"):
-        st.study_command(tiny["ov"] + change, **kw)
-    res = st.study_command(tiny["ov"] + change, amend="threshold fixed from the pilot's severity curve", **kw)
+        study_command(tiny["ov"] + change, **kw)
+    res = study_command(tiny["ov"] + change, amend="threshold fixed from the pilot's severity curve", **kw)
     assert res.executed == 0
     reg = yaml.safe_load((out / "tiny" / "registry.yaml").read_text())
     (amendment,) = reg["amendments"]
@@ -173,7 +180,7 @@ def test_report_rebuilds_from_committed_files_alone(tiny, tmp_path):
     shutil.copytree(tiny["dir"], d)
     for p in [d / "report.md", d / "report.html", d / "analysis.json", *d.glob("figures/*")]:
         p.unlink()
-    res = st.study_command([], name="tiny", out=tmp_path / "results", scratch=tmp_path / "no-scratch",
+    res = study_command([], name="tiny", out=tmp_path / "results", scratch=tmp_path / "no-scratch",
                            progress=False, report_only=True)
     assert res.executed == 0 and not (tmp_path / "no-scratch").exists()
     old = json.loads((tiny["dir"] / "analysis.json").read_text())
@@ -181,10 +188,25 @@ def test_report_rebuilds_from_committed_files_alone(tiny, tmp_path):
     assert (d / "report.html").exists() and all((d / "figures" / n).exists() for n in FIGURES)
 
 
+def test_study_files_never_land_in_a_silo_folder(tiny, tmp_path):
+    """Summaries, the analysis and the report are shared files: none may be written inside a
+    silo's private folder (guard_export), and a refused write leaves nothing behind."""
+    silo = tmp_path / "silo_0"
+    mark_silo_folder(silo, 0)
+    with pytest.raises(ResidencyViolation):
+        write_summary(silo / "tiny", "naive-s0", {"run_id": "naive-s0"})
+    assert not (silo / "tiny").exists()
+    shutil.copytree(tiny["dir"], silo / "tiny")
+    (silo / "tiny" / "analysis.json").unlink()
+    with pytest.raises(ResidencyViolation):
+        study_command([], name="tiny", out=silo, progress=False, report_only=True)
+    assert not (silo / "tiny" / "analysis.json").exists()
+
+
 # ------------------------------------------------------------------- planning only (no runs)
 def test_cpu_preset_plan_shares_runs_across_cells():
-    spec = st.load_study_spec("cpu")
-    plan = st.plan_study(spec)
+    spec = load_study_spec("cpu")
+    plan = plan_study(spec)
     ladder = plan.groups["ladder"]["default"]
     assert set(ladder["arms"]) == {"central", "local", "naive", "sketch", "backstop", "anchor", "distill", "fork_a"}
     budget = ladder["budget"]
@@ -211,27 +233,25 @@ def test_cpu_preset_plan_shares_runs_across_cells():
 def test_overrides_from_config_round_trip(micro_cfg):
     from lensemble.config import load_config
 
-    again = load_config(st.overrides_from_config(micro_cfg))
+    again = load_config(overrides_from_config(micro_cfg))
     assert again.config_hash() == micro_cfg.config_hash()
-    anchored = load_config(st.overrides_from_config(micro_cfg) + ["gauge=anchor"])
+    anchored = load_config(overrides_from_config(micro_cfg) + ["gauge=anchor"])
     assert anchored.gauge.anchor == "A" and anchored.gauge.anchor_landmarks == micro_cfg.gauge.anchor_landmarks
 
 
 def test_sweep_overrides_use_hydra_multirun_syntax():
-    assert st.expand_sweep("gauge.lambda_anc=0.1,1,10") == ("gauge.lambda_anc", ["0.1", "1", "10"])
-    assert st.expand_sweep("data.severity=range(0,1.01,0.5)") == ("data.severity", ["0.0", "0.5", "1.0"])
-    assert st.normalize_overrides(["b=1", "a=2", "b=3"]) == ["a=2", "b=3"]
+    assert expand_sweep("gauge.lambda_anc=0.1,1,10") == ("gauge.lambda_anc", ["0.1", "1", "10"])
+    assert expand_sweep("data.severity=range(0,1.01,0.5)") == ("data.severity", ["0.0", "0.5", "1.0"])
+    assert normalize_overrides(["b=1", "a=2", "b=3"]) == ["a=2", "b=3"]
     with pytest.raises(ConfigError):
-        st.load_study_spec("tiny", ["rungs=[naive,bogus]"])
+        load_study_spec("tiny", ["rungs=[naive,bogus]"])
 
 
 # ------------------------------------------------------------------- the decision rules, on synthetic summaries
 def _synthetic_study(tmp_path, values):
     """A 6-seed tiny plan whose summaries are written from ``values(arm, seed) -> (success, drift, dim)``."""
-    from lensemble.eval.registry import build_registry, sync_registry
-
-    spec = st.load_study_spec("tiny", ["registry.min_seeds=3"], seeds=list(range(6)), sweeps=[])
-    plan = st.plan_study(spec)
+    spec = load_study_spec("tiny", ["registry.min_seeds=3"], seeds=list(range(6)), sweeps=[])
+    plan = plan_study(spec)
     d = tmp_path / "tiny"
     d.mkdir(parents=True)
     (d / "plan.json").write_text(json.dumps(plan.to_json()))
@@ -252,8 +272,6 @@ def _synthetic_study(tmp_path, values):
 
 
 def test_decisions_confirm_clear_effects_and_falsify_absent_ones(tmp_path):
-    from lensemble.eval.analysis import analyze
-
     table = {"central": (0.5, None, 20.0), "local": (0.1, None, 18.0), "naive": (0.1, 60.0, 3.0),
              "anchor": (0.45, 5.0, 19.0)}
 

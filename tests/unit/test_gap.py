@@ -5,7 +5,7 @@ import pytest
 from pydantic import ValidationError
 
 from lensemble.errors import EvaluationError
-from lensemble.eval.gap import GapRecovery, gap_recovery
+from lensemble.study.gap import GapRecovery, gap_recovery
 
 
 def _arms(n=8, seed=0):

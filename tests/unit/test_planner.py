@@ -176,7 +176,7 @@ def test_plan_fn_prepares_the_history_once_and_plans_as_the_plain_rollout(kind):
     sys.path.insert(0, str(Path(__file__).parent))
     from tiny_model import D, tiny_cfg
 
-    from lensemble.eval.harness import planner_plan_fn
+    from lensemble.eval.closed_loop import planner_plan_fn
     from lensemble.model import build_world_model
 
     model = build_world_model(tiny_cfg(predictor_attention=kind, predictor_depth=2), init_seed=1).eval()
@@ -201,7 +201,7 @@ def test_plan_fn_can_execute_the_final_mean():
     sys.path.insert(0, str(Path(__file__).parent))
     from tiny_model import D, tiny_cfg
 
-    from lensemble.eval.harness import planner_plan_fn
+    from lensemble.eval.closed_loop import planner_plan_fn
     from lensemble.model import build_world_model
 
     model = build_world_model(tiny_cfg(), init_seed=2).eval()

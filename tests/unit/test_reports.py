@@ -91,3 +91,16 @@ def test_numpy_scalars_are_unwrapped_and_model_is_frozen():
         r.success_rate = 1.0
     with pytest.raises(ValidationError):
         EvalReport(**_fields(unknown_field=1.0))
+
+
+def test_write_round_trips_and_refuses_a_silo_folder(tmp_path):
+    from lensemble.data.residency import mark_silo_folder
+
+    r = EvalReport(**_fields())
+    path = r.write(tmp_path / "out" / "report.json")
+    assert EvalReport.from_json(path.read_text()) == r and path.read_text().endswith("\n")
+    silo = tmp_path / "silo_0"
+    mark_silo_folder(silo, 0)
+    with pytest.raises(ResidencyViolation):
+        r.write(silo / "reports" / "report.json")
+    assert not (silo / "reports").exists()  # refused before anything was written

@@ -20,13 +20,6 @@ def test_holm_rejects_exactly_first_two():
     assert all(a <= 1.0 for a in res.adjusted)
 
 
-def test_bonferroni_rejects_only_first():
-    res = stats.bonferroni(P7, alpha=0.05)
-    assert res.reject == (True, False, False, False, False, False, False)
-    assert res.adjusted[1] == pytest.approx(0.056)
-    assert res.adjusted[-1] == 1.0
-
-
 def test_holm_keeps_input_order_and_is_monotone():
     shuffled = [P7[i] for i in (3, 0, 6, 1, 2, 5, 4)]
     res = stats.holm(shuffled)
@@ -55,29 +48,19 @@ def test_wilson_zero_of_ten():
     assert ci.high == pytest.approx(0.2775, abs=1e-4)
 
 
-@pytest.mark.parametrize("k,n", [(0, 10), (3, 10), (10, 10), (12, 50), (49, 50)])
-def test_clopper_pearson_matches_scipy(k, n):
-    ci = stats.clopper_pearson_interval(k, n)
-    ref = sps.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
-    assert (ci.low, ci.high) == pytest.approx((ref.low, ref.high), abs=1e-8)
-
-
 def test_rate_checks():
     with pytest.raises(EvaluationError):
         stats.wilson_interval(11, 10)
     with pytest.raises(EvaluationError):
-        stats.clopper_pearson_interval(1, 0)
+        stats.wilson_interval(1, 0)
 
 
 def test_mde_matches_design_note():
-    # "At ~25 % success, 50 episodes give ±6 points of standard error."
-    assert stats.rate_standard_error(0.25, 50) == pytest.approx(0.061, abs=0.001)
+    # "At ~25 % success, 50 episodes give ±6 points of standard error": sqrt(0.25·0.75/50) ≈ 0.061.
     mde = stats.mde_two_proportions(0.25, 50, alpha=0.05, power=0.8)
     # The simple form (z_a + z_b)·sqrt(2)·SE is 0.243; the pooled/unpooled solution is a bit larger.
     assert 0.22 < mde < 0.30
     assert stats.mde_two_proportions(0.25, 200) < mde  # more episodes, smaller MDE
-    n = stats.episodes_for_two_proportions(0.25, mde)
-    assert n <= 50 and stats.mde_two_proportions(0.25, n - 1) > mde
 
 
 def test_mde_paired():
@@ -119,17 +102,13 @@ def test_paired_difference_detects_shift_and_null():
     null = stats.paired_difference(base + np.concatenate([noise, -noise]), base, n_boot=2000)
     assert null.estimate == pytest.approx(0.0, abs=1e-12)
     assert null.ci.low < 0 < null.ci.high and null.p_value > 0.5
-    est, ci = stats.paired_bootstrap_mean_diff(base + 0.05, base, n_boot=500)
-    assert est == pytest.approx(0.05) and ci.low == pytest.approx(0.05)
 
 
-def test_permutation_and_sign_tests():
+def test_permutation_test():
     d = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
     # Exact: only the all-positive flip reaches the observed mean on each side -> 2/32.
     assert stats.paired_permutation_pvalue(d) == pytest.approx(2 / 32)
     assert stats.paired_permutation_pvalue(d, alternative="greater") == pytest.approx(1 / 32)
-    assert stats.sign_test_pvalue(d) == pytest.approx(2 / 32)
-    assert stats.sign_test_pvalue([0.0, 0.0]) == 1.0
     big = np.random.default_rng(1).normal(0.0, 1.0, 40)
     p = stats.paired_permutation_pvalue(big, n_perm=2000, seed=3)
     assert 0 < p <= 1 and p == stats.paired_permutation_pvalue(big, n_perm=2000, seed=3)

@@ -1,0 +1,74 @@
+"""The study folder's files: atomic writes that honour data residency, and the run summaries.
+
+Everything the study writes into its folder (``docs/results/<study>/``) is meant to be committed
+and shared, so every write goes through :func:`atomic_write`, which refuses a destination inside a
+silo's private folder (:func:`lensemble.data.residency.guard_export`) before writing. The layout:
+
+* ``runs/<run_id>.json``: the summary of one finished run; its presence is what "done" means;
+* ``runs/<run_id>.failed.json``: the last failure of a run not yet done (retried on the next call).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+from lensemble.data.residency import guard_export
+
+RUNS = "runs"
+FAILED_SUFFIX = ".failed.json"
+
+
+def now() -> str:
+    """The current UTC time, ISO 8601 to the second (the timestamps of registry and summaries)."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def atomic_write(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename, so a reader (or a study
+    killed mid-write) never sees half a file. Raises ResidencyViolation, before writing anything,
+    when ``path`` lies inside a non-exportable silo folder."""
+    path = Path(path)
+    guard_export(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def summary_path(study_dir: str | Path, run_id: str) -> Path:
+    """Where the summary of ``run_id`` lives in the study folder."""
+    return Path(study_dir) / RUNS / f"{run_id}.json"
+
+
+def failure_path(study_dir: str | Path, run_id: str) -> Path:
+    """Where the last failure of ``run_id`` is recorded in the study folder."""
+    return Path(study_dir) / RUNS / f"{run_id}{FAILED_SUFFIX}"
+
+
+def write_summary(study_dir: str | Path, run_id: str, summary: dict) -> Path:
+    """Write one run's summary (sorted keys, one-space indent: the committed format)."""
+    path = summary_path(study_dir, run_id)
+    atomic_write(path, json.dumps(summary, indent=1, sort_keys=True))
+    return path
+
+
+def load_summaries(study_dir: str | Path) -> dict[str, dict]:
+    """Every finished run's summary in the study folder, by run id."""
+    out = {}
+    for p in sorted((Path(study_dir) / RUNS).glob("*.json")):
+        if p.name.endswith(FAILED_SUFFIX):
+            continue
+        out[p.stem] = json.loads(p.read_text())
+    return out
+
+
+def load_failures(study_dir: str | Path) -> dict[str, dict]:
+    """The recorded failures of runs not yet done, by run id."""
+    return {p.name[: -len(FAILED_SUFFIX)]: json.loads(p.read_text())
+            for p in sorted((Path(study_dir) / RUNS).glob(f"*{FAILED_SUFFIX}"))}
+
+
+__all__ = ["atomic_write", "load_failures", "load_summaries", "summary_path", "write_summary"]
