@@ -529,4 +529,4 @@ def _ladder_fields(model, cfg, env_id, split, values, env, seed, progress, setti
     }
 
 
-__all__ = ["episode_specs", "eval_factor_values", "evaluate", "planner_plan_fn", "run_closed_loop"]
+__all__ = ["evaluate", "planner_plan_fn", "run_closed_loop"]

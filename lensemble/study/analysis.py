@@ -443,4 +443,4 @@ def _cost(summaries: dict) -> dict:
             "per_run_seconds": {k: {"mean": round(float(np.mean(v)), 2), "n": len(v)} for k, v in sorted(by_kind.items())}}
 
 
-__all__ = ["analyze", "arm_values", "arm_stats", "paired_comparison", "ROUND_METRICS", "LABELS"]
+__all__ = ["analyze"]

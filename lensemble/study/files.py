@@ -71,4 +71,4 @@ def load_failures(study_dir: str | Path) -> dict[str, dict]:
             for p in sorted((Path(study_dir) / RUNS).glob(f"*{FAILED_SUFFIX}"))}
 
 
-__all__ = ["atomic_write", "load_failures", "load_summaries", "summary_path", "write_summary"]
+__all__ = ["atomic_write", "write_summary"]

@@ -346,4 +346,4 @@ def estimate_seconds(spec: StudySpec, plan: StudyPlan) -> dict:
             "cost_model": cm.model_dump(mode="json")}
 
 
-__all__ = ["expand_sweep", "normalize_overrides", "overrides_from_config", "plan_study"]
+__all__ = ["arm_overrides", "expand_sweep", "normalize_overrides", "overrides_from_config", "plan_study"]

@@ -344,5 +344,4 @@ def sync_registry(study_dir: str | Path, registry: dict, *, runs_done: int, amen
     return stored
 
 
-__all__ = ["METRICS", "power_analysis", "build_registry", "core_hash", "load_registry", "sync_registry",
-           "registry_path"]
+__all__ = ["build_registry", "sync_registry"]

@@ -500,4 +500,4 @@ def rebuild_report(study_dir: str | Path, *, progress: bool = True) -> tuple[dic
     return analysis, report
 
 
-__all__ = ["FIGURES", "rebuild_report", "write_report"]
+__all__ = ["FIGURES", "rebuild_report"]

@@ -213,4 +213,4 @@ def load_study_spec(
                           remediation="fix the preset or the study.* overrides") from None
 
 
-__all__ = ["StudySpec", "SweepSpec", "load_study_spec"]
+__all__ = ["StudySpec", "SweepSpec", "load_study_spec", "preset_path"]
