@@ -167,7 +167,8 @@ def drift(checkpoints: list[str] = typer.Argument(..., help="checkpoint folders 
           out: str = typer.Option(None, help="write the FrameDriftReport JSON here"),
           singular_floor: float = typer.Option(1e-6, help="relative singular-value floor")):
     """Frame drift between checkpoints on the pinned public probe."""
-    from lensemble.gauge.checkpoints import drift_between_checkpoints
+    from lensemble.data.residency import guard_export
+    from lensemble.gauge.checkpoint_drift import drift_between_checkpoints
 
     try:
         report = drift_between_checkpoints(checkpoints, probe, expected_probe_hash=probe_hash,
@@ -176,6 +177,7 @@ def drift(checkpoints: list[str] = typer.Argument(..., help="checkpoint folders 
         _fail(exc)
     text = report.model_dump_json(indent=1)
     if out:
+        guard_export(out)  # a drift report is shipped out: never into a silo's folder
         Path(out).write_text(text)
     print(text)
 

@@ -27,7 +27,6 @@ per-action cost amortised over the batch — the throughput a user of ``evaluate
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import time
@@ -40,6 +39,7 @@ import torch
 from pydantic import ValidationError
 
 from lensemble.artifacts.checkpoint import load_checkpoint
+from lensemble.config.hashing import json_digest
 from lensemble.config.schema import EvalConfig, LensembleConfig
 from lensemble.config.seeds import derive, numpy_rng
 from lensemble.data.collect import load_silo
@@ -200,7 +200,7 @@ def goal_spec_hash(env_id: str, goal_offset: int, budget: int, specs: Sequence[E
     """SHA-256 of the goal-spec parameters: protocol tag, env, offset, budget, seeds, factors."""
     blob = {"protocol": GOAL_PROTOCOL, "env": env_id, "goal_offset": int(goal_offset), "budget": int(budget),
             "seeds": [s.seed for s in specs], "factors": [s.factors for s in specs]}
-    return hashlib.sha256(json.dumps(blob, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return json_digest(blob)
 
 
 # ================================================================================== episodes

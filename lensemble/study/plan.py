@@ -16,8 +16,6 @@ Step budget: a federated participant takes ``rounds × inner_steps`` AdamW steps
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Sequence
@@ -25,6 +23,7 @@ from typing import Literal, Sequence
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
+from lensemble.config.hashing import json_digest
 from lensemble.config.loader import load_config
 from lensemble.config.rungs import RUNG_FLAGS, RUNGS
 from lensemble.errors import ConfigError
@@ -216,7 +215,7 @@ def _spec_hash(kind: str, source: str | None, cfg, evaluation: EvaluationSpec) -
     are evaluated, how. Equal identities are one run, however their overrides were spelled."""
     blob = {"kind": kind, "source": source, "config": _identity(cfg),
             "evaluation": evaluation.model_dump(mode="json") if kind != "warmstart" else None}
-    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+    return json_digest(blob, compact=False)  # pinned: committed study summaries carry it
 
 
 def _budget(cfg, rule: str) -> dict:

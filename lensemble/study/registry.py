@@ -21,13 +21,13 @@ Power, briefly (all normal/t planning approximations, see :mod:`lensemble.eval.s
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from pathlib import Path
 
 import yaml
 
+from lensemble.config.hashing import json_digest
 from lensemble.config.loader import load_config
 from lensemble.config.rungs import RUNGS
 from lensemble.errors import ConfigError
@@ -275,7 +275,7 @@ def build_registry(spec, plan) -> dict:
 
 def core_hash(registry: dict) -> str:
     body = {k: v for k, v in registry.items() if k not in _VOLATILE}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+    return json_digest(body, compact=False, default=str)  # pinned: the committed registries carry it
 
 
 def _diff(old, new, path="") -> list[dict]:

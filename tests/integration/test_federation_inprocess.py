@@ -112,7 +112,7 @@ def test_drift_on_checkpoints_recovers_a_known_rotation(shared, tmp_path):
     from lensemble.artifacts.checkpoint import save_checkpoint
     from lensemble.data.store import ensure_data
     from lensemble.errors import CheckpointIntegrityError, ProbeError
-    from lensemble.gauge.checkpoints import drift_between_checkpoints
+    from lensemble.gauge.checkpoint_drift import drift_between_checkpoints
     from lensemble.gauge.drift import geodesic_angle_deg
     from lensemble.model.world_model import architecture, build_world_model, rotate_latent_basis_
 

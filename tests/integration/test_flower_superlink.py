@@ -16,9 +16,8 @@ import time
 import zipfile
 from pathlib import Path
 
-import pytest
-
 import flower_processes as sl
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKES_PATH = {"PYTHONPATH": str(Path(__file__).resolve().parent)}
