@@ -17,8 +17,24 @@ the first-order (mean-shift) part, giving ``(1 - φ(t)² (1 + t²)) / N`` to lea
 makes the null mean independent of the batch size: about 0.29 for 17 knots on [0, 3] (see
 :func:`sigreg_null_mean`; measured 0.28-0.29 for N = 256..4096, d = 64, S = 512). Departures from
 normality grow linearly with N (a 0.1-scaled Gaussian batch of 256 scores ~50), so λ_sig ≈ 0.1 means
-the same thing at any batch size. This matches the LeWM/LeJEPA convention rather than the unscaled
-average, whose values are ~1/N smaller.
+the same thing at any batch size. The N scaling is the LeWM/LeJEPA convention (the unscaled
+average is ~1/N smaller), but the *constant* is not stable-worldmodel's; see below.
+
+Scale against stable-worldmodel 0.1.1 (``stable_worldmodel.wm.loss.SIGReg``, the statistic LeWM's
+published λ = 0.09 multiplies). swm weights the knots with ``2·dt`` (``dt`` at the two ends), i.e. it
+integrates over the whole line t ∈ [−t_max, t_max]; this module integrates over [0, t_max]
+(trapezoid ``dt``, ``dt/2`` at the ends). swm also does not centre the projections. Hence, measured
+with the same sketch (tests/unit/test_sigreg.py, the installed package):
+
+* on zero-mean latents, whatever their law (Gaussian, shrunk, rank-1): swm = :data:`SWM_SCALE` × this
+  statistic, exactly up to float rounding (the centring then changes nothing);
+* at the null level (i.i.d. N(0, I), not centred by swm) swm reads ≈ 1.0 against ≈ 0.27 here, about
+  3.8×: the extra factor is the mean-shift term that centring removes here.
+
+The numerics here are kept (changing them would change every trained model); instead λ_sig is
+restated on swm's scale with :func:`lambda_sig_on_swm_scale`: the loss term λ_sig · SIGReg here
+equals (λ_sig / 2) · SIGReg_swm. The default λ_sig = 0.1 is 0.05 on swm's scale, and LeWM's
+published 0.09 corresponds to λ_sig = 0.18 here.
 
 Statistics are computed in fp32 whatever the latents' dtype.
 """
@@ -85,4 +101,35 @@ def sigreg_null_mean(*, knots: int = 17, t_max: float = 3.0) -> float:
     return float((w * (1 - phi.square() * (1 + t.square()))).sum())
 
 
-__all__ = ["make_sketch", "sigreg", "sigreg_null_mean"]
+SWM_SCALE = 2.0
+"""stable-worldmodel 0.1.1's SIGReg divided by :func:`sigreg` on zero-mean latents (same sketch,
+17 knots on [0, 3]): swm's knot weights are twice these (it integrates over the whole line). A power
+of two, so restating λ_sig on swm's scale is exact."""
+
+
+def lambda_sig_on_swm_scale(lambda_sig: float) -> float:
+    """The weight that gives the same loss term with stable-worldmodel's statistic:
+    λ_sig · sigreg(z) == lambda_sig_on_swm_scale(λ_sig) · SIGReg_swm(z) on zero-mean latents."""
+    return float(lambda_sig) / SWM_SCALE
+
+
+def lambda_sig_from_swm_scale(lambda_swm: float) -> float:
+    """The inverse: λ_sig here for a weight stated on swm's scale (LeWM's 0.09 -> 0.18)."""
+    return float(lambda_swm) * SWM_SCALE
+
+
+def sigreg_swm(z: torch.Tensor, sketch: torch.Tensor, *, knots: int = 17, t_max: float = 3.0) -> torch.Tensor:
+    """stable-worldmodel 0.1.1's statistic computed with *this* sketch (no centring, whole-line
+    weights), for comparisons and logs; training uses :func:`sigreg`. Equals the package's
+    ``SIGReg.forward`` when its random directions equal ``sketch``."""
+    if z.shape[-1] != sketch.shape[0]:
+        raise ValueError(f"latent dim {z.shape[-1]} does not match sketch rows {sketch.shape[0]}")
+    z = z.reshape(-1, z.shape[-1]).to(torch.float32)
+    t, phi, w = _knot_weights(knots, t_max, z.device)
+    arg = (z @ sketch.to(device=z.device, dtype=torch.float32)).unsqueeze(-1) * t
+    err = (torch.cos(arg).mean(dim=0) - phi).square() + torch.sin(arg).mean(dim=0).square()
+    return z.shape[0] * (err @ (SWM_SCALE * w)).mean()
+
+
+__all__ = ["SWM_SCALE", "lambda_sig_from_swm_scale", "lambda_sig_on_swm_scale", "make_sketch", "sigreg",
+           "sigreg_null_mean", "sigreg_swm"]

@@ -78,3 +78,47 @@ def test_differentiable_and_accepts_leading_dims():
 def test_rejects_mismatched_sketch():
     with pytest.raises(ValueError):
         sigreg(torch.randn(10, D), sketch(0, d=D + 1))
+
+
+# ---------------------------------------------------------------- the scale of stable-worldmodel
+def _swm_forward(z, seed, num_proj):
+    """The installed stable_worldmodel 0.1.1 SIGReg on z (N, d), with its random directions drawn
+    from the global generator seeded with ``seed``; returns (value, the directions it drew)."""
+    pytest.importorskip("stable_worldmodel")
+    from stable_worldmodel.wm.loss import SIGReg
+
+    torch.manual_seed(seed)
+    value = SIGReg(knots=17, num_proj=num_proj)(z.unsqueeze(0))  # (T=1, B=N, d)
+    torch.manual_seed(seed)
+    a = torch.randn(z.shape[-1], num_proj)
+    return float(value), a / a.norm(p=2, dim=0)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "shrunk", "rank1"])
+def test_stable_worldmodel_is_twice_this_statistic_on_zero_mean_latents(kind):
+    from lensemble.model.sigreg import SWM_SCALE, lambda_sig_on_swm_scale, sigreg_swm
+
+    n = 512
+    z = {"gaussian": torch.randn(n, D, generator=gen(20)),
+         "shrunk": 0.1 * torch.randn(n, D, generator=gen(21)),
+         "rank1": torch.randn(n, 1, generator=gen(22)) * torch.randn(1, D, generator=gen(23)) / 4}[kind]
+    z = z - z.mean(0, keepdim=True)  # zero-mean departures: the centring here then changes nothing
+    swm, a = _swm_forward(z, seed=5, num_proj=S)
+    # The sketch swm drew is the one make_sketch builds from the same seed.
+    torch.testing.assert_close(a, make_sketch(D, S, gen(5)))
+    ours = float(sigreg(z, a))
+    assert SWM_SCALE == 2.0
+    assert swm == pytest.approx(SWM_SCALE * ours, rel=1e-4)
+    assert float(sigreg_swm(z, a)) == pytest.approx(swm, rel=1e-5)
+    # λ restated on swm's scale gives the same loss term.
+    assert lambda_sig_on_swm_scale(0.1) * swm == pytest.approx(0.1 * ours, rel=1e-4)
+
+
+def test_at_the_null_level_stable_worldmodel_also_counts_the_mean_shift_term():
+    from lensemble.model.sigreg import lambda_sig_from_swm_scale
+
+    z = torch.randn(2048, D, generator=gen(30))  # not centred: swm sees the sample-mean term
+    swm, a = _swm_forward(z, seed=6, num_proj=S)
+    ours = float(sigreg(z, a))
+    assert 3.0 < swm / ours < 4.5  # ≈ 3.8: 2 from the weights, the rest from no centring
+    assert lambda_sig_from_swm_scale(0.09) == pytest.approx(0.18)  # LeWM's published weight
