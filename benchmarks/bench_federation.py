@@ -8,7 +8,7 @@ participants on each engine:
 * ``flower``    - :func:`lensemble.federation.simulation.run_on_local_grid`: the real ServerApp / ClientApp on
   Flower's message layer (``LocalGrid``: a protobuf round trip per message, one thread per node,
   so the C participants run concurrently);
-* ``ray``       - :func:`lensemble.federation.simulation.run_on_ray` (only with ``--ray``; Ray's start-up is
+* ``ray``       - :func:`lensemble.federation.flower.runtime.run_with_flwr` (only with ``--ray``; start-up is
   outside the rounds and not counted).
 
 **Overhead.** Participants report ``fed/compute_seconds`` (their whole ``participant_round``: load

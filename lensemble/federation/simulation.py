@@ -3,17 +3,20 @@
 =================== =================================================================================
 engine              what runs
 =================== =================================================================================
-``ray``             :func:`run_on_ray`: the real ServerApp and ClientApp on Flower's simulation engine,
-                    one Ray actor (one CPU) per virtual SuperNode
+``ray``             :func:`~lensemble.federation.flower.runtime.run_with_flwr`: the real ServerApp and
+                    ClientApp on Flower's simulation runtime (Ray, one actor and one CPU per
+                    virtual SuperNode), launched the supported way — ``flwr run`` against a local
+                    simulation SuperLink this process starts and stops
 ``flower-inprocess`` :func:`run_on_local_grid`: the real ServerApp and ClientApp on an in-process
                     :class:`~lensemble.federation.flower.local_grid.LocalGrid` (threads, no Ray)
 ``inprocess``       :func:`~lensemble.federation.inprocess.run_inprocess`: no Flower at all
 =================== =================================================================================
 
-All three give the same final checkpoint hash for the same config (a test checks it). The Flower
+All three give the same final checkpoint hash for the same config (tests check it). The Flower
 engines run ``C = data.num_silos`` virtual nodes whose node config holds ``partition-id`` /
-``num-partitions``. The resolved config travels to both apps as ``config-json`` baked into the app
-factories, because Flower's Python ``run_simulation`` gives the apps an empty ``context.run_config``.
+``num-partitions``; the resolved config travels to both apps as the run config's ``config-json``.
+Flower's Python ``run_simulation`` is deprecated in 1.42 (it prints a banner and leaves
+``context.run_config`` empty); no engine here calls it.
 """
 
 from __future__ import annotations
@@ -21,13 +24,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from flwr.simulation import run_simulation
-
 from lensemble.config.schema import LensembleConfig
 from lensemble.errors import ConfigError
 from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.flower.client_app import make_client_app
 from lensemble.federation.flower.local_grid import serve_on_local_grid
+from lensemble.federation.flower.runtime import run_with_flwr
 from lensemble.federation.flower.server_app import make_server_app
 from lensemble.federation.inprocess import run_inprocess
 from lensemble.federation.participant import participant_round
@@ -61,26 +63,8 @@ def run_on_local_grid(cfg: LensembleConfig, run_dir: str | Path, *, progress: bo
     return result
 
 
-def run_on_ray(cfg: LensembleConfig, run_dir: str | Path, *, progress: bool = True,
-               coordinator: Callable = Coordinator, participant: Callable = participant_round) -> dict:
-    """The Flower apps on Flower's Ray simulation engine; returns the coordinator's summary.
-
-    One CPU per virtual client: Ray's default of two would run clients one after another on a
-    2-core machine.
-    """
-    server_app, client_app, _, result = _apps(cfg, run_dir, progress, coordinator, participant)
-    run_simulation(
-        server_app=server_app,
-        client_app=client_app,
-        num_supernodes=cfg.data.num_silos,
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                        "init_args": {"logging_level": "error", "log_to_driver": True}},
-    )
-    return result
-
-
 ENGINES: dict[str, Callable[..., dict]] = {
-    "ray": run_on_ray,
+    "ray": run_with_flwr,
     "flower-inprocess": run_on_local_grid,
     "inprocess": run_inprocess,
 }
@@ -98,4 +82,4 @@ def run_federated_simulation(cfg: LensembleConfig, run_dir: str | Path | None = 
     return ENGINES[engine](cfg, Path(run_dir or cfg.run_dir), progress=progress)
 
 
-__all__ = ["ENGINES", "run_federated_simulation", "run_on_ray", "run_on_local_grid", "simulation_run_config"]
+__all__ = ["ENGINES", "run_federated_simulation", "run_on_local_grid", "simulation_run_config"]

@@ -7,6 +7,7 @@ Fast: no Ray, no sockets. Covers the round loop, config plumbing with and withou
 from __future__ import annotations
 
 import json
+import os
 import time
 import tomllib
 from pathlib import Path
@@ -209,20 +210,27 @@ def test_run_config_defaults_match_pyproject():
 
 
 @pytest.mark.slow
-def test_ray_simulation_smoke(tmp_path, monkeypatch):
-    """The same apps on Flower's Ray engine: 1 round, 2 virtual clients of one CPU each."""
+def test_flwr_run_simulation_matches_the_framework_free_engine(tmp_path, monkeypatch, capfd):
+    """Flower's supported path (``flwr run`` on a local simulation SuperLink, Ray inside) with the
+    real apps: the same final checkpoint as the in-process engine, no deprecation banner, and no
+    Flower process left behind."""
     from lensemble.config import load_config
-    from lensemble.federation.simulation import run_on_ray
+    from lensemble.federation.flower.processes import descendants
+    from lensemble.federation.inprocess import run_inprocess
+    from lensemble.federation.simulation import run_federated_simulation
 
-    # flwr's Ray backend exports the driver's sys.path as PYTHONPATH (so workers can unpickle the
-    # fakes); monkeypatch puts the variable back afterwards.
-    monkeypatch.setenv("PYTHONPATH", str(Path(fake.__file__).parent))
-    cfg = load_config(["experiment=micro", "federation.rounds=1"])
-    summary = run_on_ray(cfg, tmp_path / "run", progress=True, coordinator=fake.Coordinator,
-                         participant=fake.participant_round)
-    assert summary["rounds"] == 1
-    (r,) = _lines(tmp_path / "run")
-    assert r["participants"] == ["silo-0", "silo-1"] and r["failures"] == {}
+    monkeypatch.chdir(tmp_path)  # relative data.root resolves here for the CLI and the runtime alike
+    cfg = load_config(["experiment=micro", "federation.rounds=1", "run_dir=run"])
+    before = set(descendants(os.getpid()))
+    summary = run_federated_simulation(cfg, engine="ray", progress=True)
+    reference = run_inprocess(cfg, tmp_path / "reference", progress=False)
+    assert summary["rounds_completed"] == 1
+    assert summary["final_hash"] == reference["final_hash"]
+    assert summary["rounds"][-1]["fed/participants"] == 2
+    err = capfd.readouterr().err
+    assert "[lensemble] round 1/1: 2/2 replies" in err, err[-3000:]
+    assert "DEPRECATED" not in err
+    assert set(descendants(os.getpid())) <= before  # SuperLink, SuperExec, simulation, Ray: all gone
 
 
 def test_run_on_local_grid(tmp_path):

@@ -6,7 +6,8 @@ The learning logic is framework-free: :class:`~lensemble.federation.coordinator.
 configuration and call those, so the same apps run
 
 - in-process on :class:`~lensemble.federation.flower.local_grid.LocalGrid` (tests, CI, no Ray),
-- on Flower's Ray simulation engine (:func:`lensemble.federation.simulation.run_on_ray`),
+- on Flower's simulation runtime via ``flwr run`` and a local simulation SuperLink
+  (:func:`lensemble.federation.flower.runtime.run_with_flwr`),
 - on real SuperLink / SuperNodes via ``flwr run . <federation>`` (docs/deployment.md).
 
 :func:`~lensemble.federation.flower.server_app.make_server_app` takes the coordinator class and
@@ -20,13 +21,12 @@ pyproject.toml, which must match :data:`RUN_CONFIG_DEFAULTS`):
 ``overrides``   Hydra overrides, one string, e.g. ``"experiment=micro federation.rounds=5"``
 ``run-dir``     where the coordinator writes checkpoints and metrics ("" = the config's run_dir)
 ``progress``    print one line per round on the ServerApp's stderr
+``config-json`` a whole resolved config as JSON ("" = compose ``overrides``); wins over it
+``node-state-dir`` participants' local state when virtual nodes share the coordinator's disk
 =============== ========================================================================
 
-Python launchers may also bake ``config-json`` (a whole resolved config; it wins over
-``overrides``) and ``node-state-dir`` (participants' local state when virtual nodes share the
-coordinator's disk) into the apps. Flower's deprecated ``run_simulation`` leaves
-``context.run_config`` empty, which is why the apps are built by factories that take the run
-configuration directly.
+The app factories also take a run configuration to bake in, for launchers whose runtime leaves
+``context.run_config`` empty (the in-process grid).
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ RUN_CONFIG_DEFAULTS: dict[str, Any] = {
     "overrides": "",
     "run-dir": "",
     "progress": True,
+    "config-json": "",      # a whole resolved config as JSON; wins over "overrides"
+    "node-state-dir": "",   # participants' local state when virtual nodes share this disk
 }
 
 

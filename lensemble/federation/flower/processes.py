@@ -1,0 +1,289 @@
+"""Flower processes started by Lensemble itself: a local SuperLink, the ``flwr`` CLI, teardown.
+
+The Flower simulation engine that ``flwr run`` drives (:mod:`lensemble.federation.flower.runtime`)
+needs a SuperLink process and the CLI; the loopback tests add SuperNodes, TLS material and node
+keys on top (tests/integration/flower_processes.py).
+
+Each process gets its own ``FLWR_HOME`` (Flower keeps CLI config, installed FABs and state there),
+telemetry and update checks off, runtime dependency installation off, and the current venv's
+``bin`` on ``PATH`` (Flower spawns ``flwr-serverapp`` / ``flwr-simulation`` /
+``flower-superexec`` by name). Every wait has a deadline. :meth:`FlowerProcess.stop` ends the
+process it started and every descendant it had (the SuperLink starts its SuperExec in a new
+session, so a process-group signal would miss it; Ray's raylet and workers descend from the
+simulation process), by PID, SIGTERM first and SIGKILL after a grace period.
+
+:func:`stage_app` copies the Flower app (pyproject.toml, lensemble/, configs/) to a clean folder:
+``flwr run`` builds the FAB by walking every file under the app folder, and a ``.venv`` inside the
+checkout makes that take 15-30 s per run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LOOPBACK = "127.0.0.1"
+
+
+def venv_bin() -> Path:
+    """The folder holding this interpreter and the ``flower-*`` / ``flwr`` entry points."""
+    return Path(sys.executable).parent
+
+
+def flower_env(home: Path | str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment for a Flower process whose ``FLWR_HOME`` is ``home``."""
+    env = dict(os.environ)
+    env.update({
+        "FLWR_HOME": str(home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "PATH": f"{venv_bin()}{os.pathsep}{env.get('PATH', '')}",
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(dict(extra or {}))
+    Path(home).mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port that was free a moment ago (the OS picks it; a small race remains)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (Linux /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # the command name (field 2) may contain spaces; the parent pid follows the closing ")"
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            out.append(int(entry.name))
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """All descendants of ``pid``, parents before children."""
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [c for p in frontier for c in _children(p)]
+        found.extend(kids)
+        frontier = kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
+
+
+def _signal(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+@dataclass
+class FlowerProcess:
+    """A Flower process this module started: its Popen, FLWR_HOME, log file and main port."""
+
+    name: str
+    popen: subprocess.Popen
+    home: Path
+    log_path: Path
+    port: int
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        """The exit code, or None if it is still running after ``timeout_s``."""
+        try:
+            return self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM this process and its descendants, SIGKILL what is left after ``grace_s``."""
+        family = descendants(self.pid) if self.alive() else []
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+        code = self.wait_exit(grace_s)
+        if code is None:
+            self.popen.kill()
+            code = self.wait_exit(5.0)
+        leftover = [p for p in family if _alive(p)]
+        _signal(leftover, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_alive(p) for p in leftover):
+            time.sleep(0.1)
+        _signal([p for p in leftover if _alive(p)], signal.SIGKILL)
+        return code
+
+
+def _spawn(name: str, argv: Sequence[str], *, home: Path, workdir: Path, port: int,
+           env_extra: Mapping[str, str] | None, cwd: Path | None = None) -> FlowerProcess:
+    """Start ``argv`` with its log in ``workdir``; it runs in ``cwd`` (default ``workdir``)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_path = workdir / f"{name}.log"
+    with open(log_path, "wb") as log:
+        popen = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=cwd or workdir,
+                                 env=flower_env(home, env_extra), stdin=subprocess.DEVNULL)
+    return FlowerProcess(name=name, popen=popen, home=home, log_path=log_path, port=port, argv=list(argv))
+
+
+def wait_for_port(proc: FlowerProcess, host: str, port: int, deadline_s: float) -> None:
+    """Block until ``host:port`` accepts connections; raise if ``proc`` dies or time runs out."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited with code {proc.popen.returncode} before "
+                               f"listening on {host}:{port}:\n{proc.log_text()[-3000:]}")
+        if port_open(host, port):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{proc.name} did not listen on {host}:{port} within {deadline_s:g} s:\n"
+                       f"{proc.log_text()[-3000:]}")
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """PEM files: the CA certificate (given to nodes and the CLI) and the server's cert and key."""
+
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+
+
+def start_superlink(workdir: Path | str, *, port: int | None = None, host: str = LOOPBACK,
+                    tls: TLSFiles | None = None, enable_supernode_auth: bool = False,
+                    database: Path | str | None = None, simulation: bool = False,
+                    env_extra: Mapping[str, str] | None = None, ready_timeout_s: float = 60.0,
+                    name: str = "superlink", cwd: Path | str | None = None) -> FlowerProcess:
+    """Start ``flower-superlink`` (Fleet, Control and Runtime APIs on one port) and wait for it.
+
+    Insecure unless ``tls`` is given. ``database`` None keeps state in memory. The FLWR_HOME is
+    ``<workdir>/<name>-home``.
+    """
+    workdir = Path(workdir)
+    port = port or free_port(host if host != "0.0.0.0" else LOOPBACK)
+    argv = [str(venv_bin() / "flower-superlink"), "--host", host, "--port", str(port),
+            "--disable-runtime-dependency-installation"]
+    if tls is None:
+        argv.append("--insecure")
+    else:
+        argv += ["--ssl-ca-certfile", str(tls.ca_cert), "--ssl-certfile", str(tls.server_cert),
+                 "--ssl-keyfile", str(tls.server_key)]
+    if enable_supernode_auth:
+        argv.append("--enable-supernode-auth")
+    if database is not None:
+        argv += ["--database", str(database)]
+    if simulation:
+        argv.append("--simulation")
+    proc = _spawn(name, argv, home=workdir / f"{name}-home", workdir=workdir, port=port,
+                  env_extra=env_extra, cwd=Path(cwd) if cwd else None)
+    try:
+        wait_for_port(proc, LOOPBACK if host == "0.0.0.0" else host, port, ready_timeout_s)
+    except Exception:
+        proc.stop()
+        raise
+    return proc
+
+
+def stop_all(procs: Iterable[FlowerProcess | None], grace_s: float = 10.0) -> None:
+    """Stop every process given (nodes first is the caller's choice of order), ignoring Nones."""
+    for proc in procs:
+        if proc is not None:
+            proc.stop(grace_s)
+
+
+def write_cli_config(home: Path | str, connections: Mapping[str, Mapping[str, Any]],
+                     default: str | None = None) -> Path:
+    """Write ``$FLWR_HOME/config.toml`` for the ``flwr`` CLI.
+
+    ``connections``: name -> {"address": "host:port", and "insecure": True or
+    "root-certificates": "/path/ca.crt"}.
+    """
+    lines = ["[superlink]", f'default = "{default or next(iter(connections))}"', ""]
+    for conn, values in connections.items():
+        lines.append(f"[superlink.{conn}]")
+        for key, value in values.items():
+            if isinstance(value, bool):
+                lines.append(f"{key} = {'true' if value else 'false'}")
+            else:
+                lines.append(f'{key} = "{value}"')
+        lines.append("")
+    path = Path(home) / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+    return path
+
+
+def flwr_cli(args: Sequence[str], *, home: Path | str, cwd: Path | str | None = None,
+             timeout_s: float = 120.0, env_extra: Mapping[str, str] | None = None
+             ) -> subprocess.CompletedProcess:
+    """Run ``flwr ARGS`` with ``FLWR_HOME=home``; output captured, never raises on exit code."""
+    return subprocess.run([str(venv_bin() / "flwr"), *args], cwd=cwd, env=flower_env(home, env_extra),
+                          capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+
+
+def stage_app(src_root: Path | str, dest: Path | str) -> Path:
+    """Copy the Flower app (pyproject.toml, .gitignore, lensemble/, configs/) to ``dest``.
+
+    ``flwr run <dest>`` then builds the same FAB as from the checkout, without walking a
+    ``.venv``, ``data/`` or ``runs/`` that lives inside it.
+    """
+    src, dest = Path(src_root), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("pyproject.toml", ".gitignore"):
+        if (src / name).exists():
+            shutil.copy2(src / name, dest / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for name in ("lensemble", "configs"):
+        shutil.copytree(src / name, dest / name, ignore=ignore, dirs_exist_ok=True)
+    return dest
+
+
+__all__ = [
+    "LOOPBACK", "FlowerProcess", "TLSFiles", "venv_bin", "flower_env", "free_port", "port_open",
+    "descendants", "wait_for_port", "start_superlink", "stop_all", "write_cli_config", "flwr_cli",
+    "stage_app",
+]
