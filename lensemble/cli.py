@@ -98,22 +98,54 @@ def warmstart(overrides: list[str] = OVERRIDES):
     console.print(f"warm start [bold]{res.checkpoint_dir}[/] hash {res.checkpoint_hash}")
 
 
+VERBOSE = typer.Option(False, "--verbose", help="also show DEBUG lines, deprecation banners and library warnings")
+
+
+def _console(verbose: bool) -> None:
+    from lensemble.observability.console import configure_console
+
+    configure_console(verbose)
+
+
+def _closing(lines: Sequence[str]) -> None:
+    # Plain print, unwrapped: the closing answer must read the same in a terminal and in a log.
+    sys.stderr.flush()
+    for line in lines:
+        print(line, flush=True)
+
+
 @app.command("run")
 def run(engine: str = typer.Option("ray", help="ray (Flower simulation engine) | flower-inprocess | inprocess"),
+        eval_episodes: int = typer.Option(None, "--eval-episodes",
+                                          help="closed-loop episodes per model after the rounds (default: eval.episodes)"),
+        evaluate: bool = typer.Option(True, "--eval/--no-eval",
+                                      help="evaluate the final model, the warm start and random actions"),
+        verbose: bool = VERBOSE,
         overrides: list[str] = OVERRIDES):
-    """Run a federated DiLoCo training (resumes a run folder that already holds rounds)."""
+    """Run a federated DiLoCo training (resumes a run folder that already holds rounds), evaluate
+    the final global model against the warm start and random actions, and write runs/<name>/report.md."""
+    _console(verbose)
     from lensemble.federation.simulation import run_federated_simulation
+    from lensemble.observability.progress import Heartbeat
+    from lensemble.report.run_report import evaluate_run, write_run_report
+    from lensemble.report.watch import RoundWatch
 
     try:
         cfg = _load(overrides)
-        summary = run_federated_simulation(cfg, cfg.run_dir, engine=engine)
+        with Heartbeat(RoundWatch(cfg, cfg.run_dir).status):
+            summary = run_federated_simulation(cfg, cfg.run_dir, engine=engine)
+        evaluation = evaluate_run(cfg.run_dir, cfg, eval_episodes) if evaluate else None
+        report = write_run_report(cfg.run_dir, cfg, evaluation, engine=engine)
     except LensembleError as exc:
         _fail(exc)
-    last = summary["rounds"][-1] if summary.get("rounds") else {}
-    console.print(f"[bold]{summary['rounds_completed']}[/] rounds · final checkpoint {summary['final_checkpoint']}")
-    console.print(f"final hash {summary['final_hash']}")
-    keys = ("loss/pred", "gauge/drift_angle_deg", "gauge/effective_dim", "fed/comm_bytes", "dp/epsilon")
-    console.print({k: last[k] for k in keys if k in last})
+    final = summary.get("final_checkpoint")
+    _closing([
+        "",
+        f"Run `{cfg.name}`: {summary['rounds_completed']} rounds, {cfg.data.num_silos} participants, engine {engine}; "
+        f"final model {final} ({str(summary['final_hash'])[:12]}…).",
+        *report.lines,
+        f"Report: {report.markdown} (also {report.html.name}; figures in {report.markdown.parent / 'figures'}/).",
+    ])
 
 
 @app.command("evaluate")
@@ -123,14 +155,21 @@ def evaluate_cmd(checkpoint: str = typer.Argument(..., help="checkpoint folder")
                  split: str = typer.Option("heldout", help="heldout | factor (transfer values)"),
                  policy: str = typer.Option("mpc", help="mpc | random (control)"),
                  ladder: bool = typer.Option(True, help="also run the evaluation ladder"),
-                 out: str = typer.Option(None, help="write the EvalReport JSON here"),
+                 out: str = typer.Option(None, help="write the EvalReport JSON here (the report goes beside it)"),
+                 verbose: bool = VERBOSE,
                  overrides: list[str] = OVERRIDES):
-    """Closed-loop latent-MPC success and the evaluation ladder for one checkpoint."""
+    """Closed-loop latent-MPC success and the evaluation ladder for one checkpoint; writes a report
+    (report.md/.html beside --out, else under the checkpoint's run folder in evaluations/)."""
+    _console(verbose)
     try:
         report = cli_evaluate(checkpoint, env, episodes, split, policy, out, list(overrides or []), ladder=ladder)
     except LensembleError as exc:
         _fail(exc)
-    print(report.to_json() if hasattr(report, "to_json") else report.model_dump_json(indent=1))
+    from lensemble.report.eval_report import eval_report_paths
+
+    print(report.to_json())
+    paths = eval_report_paths(checkpoint, out, policy=policy, split=split)
+    _closing([f"Report: {paths.markdown} (also {paths.html.name}; EvalReport {paths.json})."])
 
 
 @app.command("study")
@@ -145,8 +184,10 @@ def study(name: str = typer.Option("tiny", help="study name (results under <out>
           plan_only: bool = typer.Option(False, help="write registry and plan, print the cost estimate"),
           report_only: bool = typer.Option(False, help="rebuild analysis and report from summaries"),
           progress: bool = typer.Option(True, help="show progress"),
+          verbose: bool = VERBOSE,
           overrides: list[str] = OVERRIDES):
     """The ablation ladder, baselines and sweeps with a pre-registered analysis and a report."""
+    _console(verbose)
     try:
         res = study_command(list(overrides or []), name=name, preset=preset, seeds=seeds, sweeps=sweeps,
                             out=out, scratch=scratch, progress=progress, amend=amend, plan_only=plan_only,
@@ -155,7 +196,8 @@ def study(name: str = typer.Option("tiny", help="study name (results under <out>
         _fail(exc)
     console.print(f"planned {res.planned} · executed {res.executed} · skipped {res.skipped} · failed {len(res.failed)}")
     if res.report:
-        console.print(f"report {res.report}")
+        report = Path(res.report)
+        _closing([f"Report: {report} (also {report.with_suffix('.html').name}; figures in {report.parent / 'figures'}/)."])
     if res.failed:
         raise typer.Exit(code=1)
 
@@ -197,15 +239,17 @@ def cli_evaluate(
 ):
     """``lensemble evaluate CKPT --env ... [--episodes N] [--split ...] [--policy ...] [--out f.json]``.
 
-    Composes the config from ``overrides``, runs ``evaluate``, prints a short table (stderr) and
-    writes the report JSON to ``out`` when given (``EvalReport.write``: never into a silo folder).
-    Returns the ``EvalReport``. ``ladder=False`` skips the ladder (and the data collection it may
-    need).
+    Composes the config from ``overrides``, runs ``evaluate``, prints a short table (stderr),
+    writes the report JSON to ``out`` and the report (Markdown, HTML, one figure) beside it, or,
+    without ``out``, both under the checkpoint's run folder
+    (:func:`lensemble.report.eval_report.eval_report_paths`; never into a silo folder). Returns the
+    ``EvalReport``. ``ladder=False`` skips the ladder (and the data collection it may need).
     """
     from rich.table import Table
 
     from lensemble.config import load_config
     from lensemble.eval.closed_loop import evaluate
+    from lensemble.report.eval_report import eval_report_paths, write_eval_report
 
     cfg = load_config(list(overrides or []))
     report = evaluate(checkpoint, env, cfg=cfg, episodes=episodes, split=split, policy=policy, ladder=ladder,
@@ -226,8 +270,7 @@ def cli_evaluate(
     if report.rollout_error:
         table.add_row("rollout error", ", ".join(f"h={h}: {e:.3g}" for h, e in sorted(report.rollout_error.items())))
     console.print(table)
-    if out:
-        report.write(out)
+    write_eval_report(report, checkpoint, eval_report_paths(checkpoint, out, policy=policy, split=split), split=split)
     return report
 
 
@@ -296,6 +339,11 @@ def study_command(
 
 
 def main():  # entry point for `python -m lensemble`
+    # Before any command imports Flower or Ray (their loggers read the environment at import).
+    if "--verbose" not in sys.argv[1:]:
+        from lensemble.observability.console import configure_console
+
+        configure_console(False)
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")

@@ -25,7 +25,6 @@ Workers: ``data.workers`` processes, each with one torch thread and its own cach
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import multiprocessing as mp
@@ -43,6 +42,7 @@ from lensemble.data.residency import mark_silo_folder
 from lensemble.data.shards import EpisodeBatch, load_shard, save_shard, stack_episodes
 from lensemble.envs.adapter import _import_swm, make_env, set_single_thread
 from lensemble.envs.policies import HeldRandomPolicy, MixedPolicy, make_expert
+from lensemble.observability.progress import progress_bar, say
 
 #: Per-episode expert noise std is drawn uniformly from this range (action units, bounds ±1).
 EXPERT_NOISE = (0.1, 0.7)
@@ -260,32 +260,28 @@ def collect_silos(cfg, out_dir: str | Path, *, progress: bool = True, reuse: boo
     }
     frames = 0
     t0 = time.perf_counter()
-    bar = _progress(progress)
-    with _Runner(cfg.data.workers) as runner, (bar if bar is not None else contextlib.nullcontext()):
+    with _Runner(cfg.data.workers) as runner:
         # Throughput is measured from here: the simulator import and pool start-up are a fixed
         # cost per call, reported separately as startup_seconds.
         start = time.perf_counter()
-        job = bar.add_task("collecting", total=total, fps="-") if bar is not None else None
-        for g in groups:
-            episodes = []
-            if bar is not None:
+        with progress_bar("collecting", total, enabled=progress) as advance:
+            for g in groups:
+                episodes = []
                 label = f"silo {g['silo']} {g['split']}" if g["kind"] == "silo" else g["split"]
-                bar.update(job, description=f"collecting {label}")
-            for ep in runner.map(g["tasks"]):
-                episodes.append(ep)
-                frames += ep["obs"].shape[0]
-                if bar is not None:
+                advance(0, description=f"collecting {label}")
+                for ep in runner.map(g["tasks"]):
+                    episodes.append(ep)
+                    frames += ep["obs"].shape[0]
                     rate = frames / max(time.perf_counter() - start, 1e-9)
-                    bar.update(job, advance=1, fps=f"{rate:,.0f}")
-            _write_group(out_dir, cfg, plan, g, episodes, summary)
+                    advance(1, info=f"{rate:,.0f} frames/s")
+                _write_group(out_dir, cfg, plan, g, episodes, summary)
     seconds = time.perf_counter() - start
     summary.update(frames=frames, seconds=round(seconds, 3), startup_seconds=round(start - t0, 3),
                    frames_per_second=round(frames / max(seconds, 1e-9), 1),
                    workers=cfg.data.workers, cached=False)
     (out_dir / "collection.json").write_text(json.dumps(summary, indent=1) + "\n")
-    if bar is not None:
-        bar.console.print(f"collected {frames:,} frames in {seconds:.1f} s "
-                          f"({summary['frames_per_second']:,.0f} frames/s, {cfg.data.workers} workers)")
+    say(f"collected {frames:,} frames in {seconds:.1f} s ({summary['frames_per_second']:,.0f} frames/s, "
+        f"{cfg.data.workers} workers)", enabled=progress)
     return summary
 
 
@@ -316,23 +312,6 @@ def _write_group(out_dir: Path, cfg, plan: SiloPlan, g: dict, episodes: list[dic
         summary["silos"][g["silo"]]["train" if g["split"] == "train" else "heldout"] = record
     else:
         summary["splits"]["factor"].update(record)
-
-
-def _progress(enabled: bool):
-    if not enabled:
-        return None
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("episodes · {task.fields[fps]} frames/s"), TimeElapsedColumn(),
-                    TimeRemainingColumn())
 
 
 # ---------------------------------------------------------------------------------------- loading

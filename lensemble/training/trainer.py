@@ -94,7 +94,8 @@ def train_local(
     every = cfg.train.checkpoint_every
     last: dict = {}
     started = time.perf_counter()
-    with progress_bar(f"train {source}", cfg.train.steps, enabled=progress) as advance:
+    label = "warm start" if source == "public" else f"train {source}"
+    with progress_bar(label, cfg.train.steps, enabled=progress) as advance:
         step = 0
         while step < cfg.train.steps:
             chunk = min(every or cfg.train.steps, cfg.train.steps - step)

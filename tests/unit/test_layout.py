@@ -33,7 +33,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"training", "gauge"}),
     frozenset({"federation"}),
     frozenset({"eval"}),
-    frozenset({"study"}),
+    frozenset({"study", "report"}),
     frozenset({"cli", "__main__", "__init__"}),
 )
 RANK = {unit: rank for rank, layer in enumerate(LAYERS) for unit in layer}

@@ -1,0 +1,160 @@
+"""The words a run report ends with, derived from its numbers by fixed rules.
+
+Every sentence here is built from counts, intervals and per-round metrics by a rule that a test
+checks; nothing is phrased by hand per result.
+
+**Success comparisons** (:func:`compare_success`). Two success counts on the same n episodes are
+compared by the 95 % Newcombe hybrid score interval of their difference
+(:func:`lensemble.eval.stats.compare_proportions`, built from the two Wilson intervals):
+
+* the interval lies entirely above 0 -> ``"better"``;
+* entirely below 0 -> ``"worse"``;
+* otherwise (it contains 0) -> ``"indistinguishable"``: the words say "not distinguishable ... at
+  this n", never better or worse, whatever the point estimates.
+
+The interval treats the two models' episodes as independent samples. They are the same tasks
+(equal goal-spec hash), and outcomes of two models on the same task are usually positively
+correlated, which makes this interval wider than a paired one: the rule errs towards
+"indistinguishable".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from lensemble.eval.stats import compare_proportions, wilson_interval
+
+Reading = Literal["better", "worse", "indistinguishable"]
+
+
+@dataclass(frozen=True)
+class SuccessComparison:
+    """``a − b`` of two success rates: the difference, its 95 % interval and the reading."""
+
+    a: str
+    b: str
+    difference: float
+    ci: tuple[float, float]
+    reading: Reading
+
+
+def reading_of(ci: tuple[float, float]) -> Reading:
+    """The rule: above 0 -> better, below 0 -> worse, containing 0 -> indistinguishable."""
+    low, high = ci
+    if low > 0:
+        return "better"
+    if high < 0:
+        return "worse"
+    return "indistinguishable"
+
+
+def compare_success(a: str, k_a: int, n_a: int, b: str, k_b: int, n_b: int) -> SuccessComparison:
+    """Compare ``k_a/n_a`` (model ``a``) with ``k_b/n_b`` (``b``) by the module's rule."""
+    cmp = compare_proportions(int(k_a), int(n_a), int(k_b), int(n_b))
+    ci = (float(cmp.ci.low), float(cmp.ci.high))
+    return SuccessComparison(a, b, float(cmp.difference), ci, reading_of(ci))
+
+
+def pct(x: float) -> str:
+    """A rate as a whole percentage without the sign: 0.3 -> "30"."""
+    return f"{100 * x:.0f}"
+
+
+def rate_text(k: int, n: int) -> str:
+    """``6/20 = 30 % [15, 52]`` (95 % Wilson, whole percent)."""
+    ci = wilson_interval(int(k), int(n))
+    return f"{k}/{n} = {pct(k / n)} % [{pct(ci.low)}, {pct(ci.high)}]"
+
+
+def points_text(c: SuccessComparison) -> str:
+    """``+20 points [2, 38]``: the difference in percentage points with its interval."""
+    return f"{100 * c.difference:+.0f} points [{100 * c.ci[0]:+.0f}, {100 * c.ci[1]:+.0f}]"
+
+
+def success_sentence(label: str, counts: Mapping[str, tuple[int, int]], floors: Sequence[str]) -> str:
+    """The headline: ``label``'s success against each floor, with the rule's reading.
+
+    ``counts`` maps names (``label`` and every floor) to (successes, episodes), e.g.
+    ``success_sentence("the federated model", {"the federated model": (6, 20), "random actions":
+    (2, 20), "the warm start": (5, 20)}, ["random actions", "the warm start"])``.
+    """
+    k, n = counts[label]
+    against = " and ".join(f"{counts[f][0]}/{counts[f][1]} for {f}" for f in floors)
+    comparisons = [compare_success(label, k, n, f, *counts[f]) for f in floors]
+    parts = []
+    for reading in ("better", "worse"):
+        for c in (c for c in comparisons if c.reading == reading):
+            parts.append(f"{reading} than {c.b} ({points_text(c)})")
+    same = [c.b for c in comparisons if c.reading == "indistinguishable"]
+    if same:
+        parts.append("not distinguishable from " + " or from ".join(same) + " at this n")
+    head = f"{label[0].upper()}{label[1:]} planned {rate_text(k, n)} against {against}"
+    return f"{head}: {', '.join(parts)}."
+
+
+def smallest_resolvable_difference(n: int, base: float = 0.25) -> float:
+    """The smallest gap in success rate, above a rate of ``base``, that :func:`compare_success`
+    reads as a difference with ``n`` episodes per model (for the report's reading guide)."""
+    k_b = int(round(base * n))
+    for d in range(1, n - k_b + 1):
+        if compare_success("a", k_b + d, n, "b", k_b, n).reading == "better":
+            return d / n
+    return 1.0
+
+
+def _deg(x: float) -> str:
+    return f"{x:.1f}°"
+
+
+def drift_sentence(rounds: Sequence[Mapping]) -> str:
+    """Frame drift per round in words, from the rounds' ``gauge/drift_angle_deg`` and
+    ``gauge/angle_to_warmstart_deg``; says so when no round had identifiable frames."""
+    pts = [(int(r.get("round", i)) + 1, float(r["gauge/drift_angle_deg"]))
+           for i, r in enumerate(rounds) if isinstance(r.get("gauge/drift_angle_deg"), (int, float))]
+    if not pts:
+        return ("Frame drift was not identifiable in any round (degenerate probe embeddings, "
+                "gauge/drift_degenerate = 1): the latent frames cannot be compared.")
+    if len(pts) <= 5:
+        series = ", ".join(f"{_deg(a)} after round {t}" for t, a in pts)
+    else:
+        t_max, a_max = max(pts, key=lambda p: p[1])
+        series = (f"{_deg(pts[0][1])} after round {pts[0][0]}, {_deg(pts[-1][1])} after round {pts[-1][0]} "
+                  f"(largest {_deg(a_max)}, round {t_max})")
+    text = f"Frame drift of the participants from the global model (mean geodesic angle on the public probe): {series}"
+    missing = len(rounds) - len(pts)
+    if missing:
+        text += f"; {missing} round(s) had frames too degenerate to measure"
+    last = rounds[-1] if rounds else {}
+    if isinstance(last.get("gauge/angle_to_warmstart_deg"), (int, float)):
+        text += f". The global frame ended {_deg(float(last['gauge/angle_to_warmstart_deg']))} from the warm start's"
+    return text + "."
+
+
+def format_bytes(n: float) -> str:
+    """``669952`` -> ``670.0 KB`` (powers of 1000)."""
+    n = float(n)
+    if n < 1000:
+        return f"{n:.0f} B"
+    for unit in ("KB", "MB", "GB", "TB"):
+        n /= 1000
+        if n < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def communication_sentence(rounds: Sequence[Mapping], inner_steps: int) -> str:
+    """Bytes per round against per-step synchronisation (H × the bytes of one round)."""
+    sent = [int(r["fed/comm_bytes"]) for r in rounds if isinstance(r.get("fed/comm_bytes"), (int, float))]
+    if not sent:
+        return "Communication: no round recorded fed/comm_bytes."
+    per_round = sum(sent) / len(sent)
+    h = int(inner_steps)
+    return (f"Communication: {format_bytes(per_round)} per round on the wire ({len(sent)} rounds, "
+            f"{format_bytes(sum(sent))} in all); synchronising after each of the H = {h} inner steps would "
+            f"have sent {h}× as much ({format_bytes(h * per_round)} per round).")
+
+
+__all__ = ["SuccessComparison", "communication_sentence", "compare_success", "drift_sentence", "format_bytes",
+           "rate_text", "reading_of", "smallest_resolvable_difference", "success_sentence"]
