@@ -128,3 +128,85 @@ def load_probe(path: str | Path, expected_hash: str | None = None) -> Probe:
                 expected=want, got=got,
             )
     return Probe(frames=frames, content_hash=got, meta=meta, path=path)
+
+
+# ================================================================================== the split
+# The probe is split once, deterministically, into *landmark* frames (everything that trains or
+# fits on the probe uses only these: the anchor's targets, the backstop's Procrustes fit, the
+# distillation) and *measurement* frames (every drift number is measured on these only), so that
+# no drift figure is scored on frames a gauge control was fitted to.
+_SPLIT_DOMAIN = b"lensemble.probe-split.v1"
+
+
+def index_set_hash(indices) -> str:
+    """Hex SHA-256 of a set of probe indices (sorted int64), under a domain tag."""
+    idx = np.sort(np.asarray(indices, dtype=np.int64).reshape(-1))
+    h = hashlib.sha256(_SPLIT_DOMAIN)
+    h.update(f"\0{idx.size}\0".encode())
+    h.update(idx.astype("<i8").tobytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class ProbeSplit:
+    """The probe's landmark and measurement frames: disjoint, sorted, covering the probe."""
+
+    landmark_idx: np.ndarray
+    measurement_idx: np.ndarray
+    probe_hash: str
+    seed: int
+
+    @property
+    def num_probe(self) -> int:
+        return int(self.landmark_idx.size + self.measurement_idx.size)
+
+    @property
+    def landmark_hash(self) -> str:
+        return index_set_hash(self.landmark_idx)
+
+    @property
+    def measurement_hash(self) -> str:
+        return index_set_hash(self.measurement_idx)
+
+    def record(self) -> dict:
+        """JSON-ready provenance: sizes and both index-set hashes (what a report pins)."""
+        return {"probe_hash": self.probe_hash, "num_probe": self.num_probe,
+                "num_landmarks": int(self.landmark_idx.size), "num_measurement": int(self.measurement_idx.size),
+                "landmark_hash": self.landmark_hash, "measurement_hash": self.measurement_hash,
+                "seed_labels": ["probe", "split", self.probe_hash]}
+
+
+def landmark_count(num_probe: int, anchor_landmarks: int) -> int:
+    """Size of the landmark part: ``gauge.anchor_landmarks`` frames, at most half of the probe (so
+    drift always has at least as many measurement frames as the anchor has landmarks)."""
+    if num_probe < 2:
+        raise ProbeError(f"a probe of {num_probe} frame(s) cannot be split into landmark and measurement frames",
+                         remediation="raise data.probe_frames")
+    return max(1, min(int(anchor_landmarks), int(num_probe) // 2))
+
+
+def split_probe(num_probe: int, num_landmarks: int, *, seed: int, probe_hash: str) -> ProbeSplit:
+    """Split ``num_probe`` probe frames into ``num_landmarks`` landmark frames and the rest.
+
+    A uniform random partition drawn from ``derive(seed, "probe", "split", probe_hash)`` (the root
+    seed and the probe's content hash), so every participant and the coordinator derive the same
+    split without exchanging it, and a different probe gives a different split. Both index sets
+    are returned sorted; their hashes (:func:`index_set_hash`) pin them in reports.
+    """
+    from lensemble.config.seeds import numpy_rng
+
+    num_probe, num_landmarks = int(num_probe), int(num_landmarks)
+    if not 1 <= num_landmarks < num_probe:
+        raise ProbeError(f"cannot take {num_landmarks} landmark frames from a probe of {num_probe} "
+                         "and keep measurement frames", remediation="raise data.probe_frames or lower "
+                         "gauge.anchor_landmarks")
+    perm = numpy_rng(int(seed), "probe", "split", probe_hash).permutation(num_probe)
+    return ProbeSplit(np.sort(perm[:num_landmarks]).astype(np.int64),
+                      np.sort(perm[num_landmarks:]).astype(np.int64), probe_hash, int(seed))
+
+
+def probe_split_for(cfg, probe_hash: str, num_probe: int | None = None) -> ProbeSplit:
+    """The split of a run's probe: ``landmark_count(|P|, gauge.anchor_landmarks)`` landmarks, seeded by
+    the run's root seed and the probe hash."""
+    n = int(cfg.data.probe_frames if num_probe is None else num_probe)
+    return split_probe(n, landmark_count(n, cfg.gauge.anchor_landmarks), seed=cfg.root_seed, probe_hash=probe_hash)

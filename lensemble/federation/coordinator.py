@@ -22,6 +22,7 @@ from lensemble.artifacts.manifest import build_manifest, write_manifest
 from lensemble.config.schema import LensembleConfig
 from lensemble.config.seeds import derive
 from lensemble.data.residency import guard_export
+from lensemble.data.probe import probe_split_for
 from lensemble.data.store import ensure_data, probe_frames
 from lensemble.errors import ConfigError, DegenerateProcrustes
 from lensemble.federation.codec import payload_nbytes, quant_ratio
@@ -63,12 +64,17 @@ class Coordinator:
         if ref_model.encoder.latent_dim != cfg.model.latent_dim:
             raise ConfigError("the warm start's latent_dim differs from model.latent_dim")
         self.reference_probe = embed_frames(ref_model.encoder, self.probe)  # E_ref = f_ref(P)
+        # [gauge] The probe's landmark / measurement split (docs/gauge.md §4): the anchor, the backstop
+        # and the distillation fit on the landmark frames; every drift number uses the measurement frames.
+        self.split = probe_split_for(cfg, self.probe_hash, len(self.probe))
+        self._lm = torch.from_numpy(self.split.landmark_idx)
+        self._ms = torch.from_numpy(self.split.measurement_idx)
         self.extras: dict[str, np.ndarray] = {}
         if cfg.gauge.anchor != "none" and cfg.gauge.lambda_anc > 0:
             anchor = FrameAnchor.from_reference(
                 ref_model.encoder, self.probe, k=cfg.gauge.anchor_landmarks, variant=cfg.gauge.anchor,
                 seed=derive(cfg.root_seed, "landmarks"), probe_hash=self.probe_hash,
-                singular_floor=cfg.gauge.singular_floor)
+                singular_floor=cfg.gauge.singular_floor, landmark_idx=self._lm)
             self.extras = {"anchor-targets": anchor.targets.numpy().astype(np.float32),
                            "anchor-idx": anchor.landmark_idx.numpy().astype(np.int64)}
         self.ledger = PrivacyLedger.from_config(cfg.privacy) if cfg.privacy.enabled else None
@@ -165,12 +171,12 @@ class Coordinator:
         if self.cfg.gauge.distill:
             try:
                 consensus, _ = aligned_consensus(
-                    {p: torch.from_numpy(replies[p].probe_embeddings) for p in accepted},
-                    self.reference_probe, singular_floor=self.cfg.gauge.singular_floor)
+                    {p: torch.from_numpy(replies[p].probe_embeddings)[self._lm] for p in accepted},
+                    self.reference_probe[self._lm], singular_floor=self.cfg.gauge.singular_floor)
             except DegenerateProcrustes:
                 metrics["gauge/distill_skipped"] = 1  # no identifiable consensus frame this round
         if consensus is not None:
-            res = distill_encoder(model.encoder, self.probe, consensus.float(), steps=self.cfg.gauge.distill_steps,
+            res = distill_encoder(model.encoder, self.probe[self._lm], consensus.float(), steps=self.cfg.gauge.distill_steps,
                                   lr=self.cfg.gauge.distill_lr, seed=derive(self.cfg.root_seed, "distill", t))
             model.encoder.load_state_dict(res.state_dict)
             params, _ = split_state({k: v.detach().clone() for k, v in model.state_dict().items()}, self.keys)
@@ -180,15 +186,14 @@ class Coordinator:
             metrics.update({"gauge/distill_loss_before": res.loss_before, "gauge/distill_loss_after": res.loss_after})
 
         global_emb = embed_frames(model.encoder, self.probe)
-        emb = {p: torch.from_numpy(replies[p].probe_embeddings) for p in accepted} | {GLOBAL_KEY: global_emb}
+        emb = {p: torch.from_numpy(replies[p].probe_embeddings)[self._ms] for p in accepted} | {GLOBAL_KEY: global_emb[self._ms]}
         report = self._drift(emb, t)
-        ref_report = self._drift({"warmstart": self.reference_probe, GLOBAL_KEY: global_emb}, t)
+        ref_report = self._drift({"warmstart": self.reference_probe[self._ms], GLOBAL_KEY: global_emb[self._ms]}, t)
         if report is not None:
             (self.run_dir / "drift").mkdir(exist_ok=True)
             (self.run_dir / "drift" / f"round-{t:04d}.json").write_text(report.model_dump_json(indent=1))
             metrics.update(report.summary_metrics())
-            metrics.update({"gauge/pairwise_angle_deg": report.mean_pairwise_angle_deg,
-                            "gauge/pairwise_residual": report.mean_pairwise_residual})
+            metrics.update(report.pairwise_metrics())  # [gauge] between participants, no global frame
         metrics["gauge/drift_degenerate"] = int(report is None)
         if ref_report is not None:
             metrics["gauge/angle_to_warmstart_deg"] = ref_report.mean_global_angle_deg
@@ -212,6 +217,10 @@ class Coordinator:
             vals = [replies[p].metrics[key] for p in accepted if key in replies[p].metrics]
             if vals:
                 metrics[key] = float(np.mean(vals))
+        # [gauge] What the backstop removed and what it left (gauge.backstop.backstop_metrics), mean over participants.
+        for key in sorted({k for p in accepted for k in replies[p].metrics if k.startswith("gauge/backstop_")}):
+            vals = [float(replies[p].metrics[key]) for p in accepted if key in replies[p].metrics]
+            metrics[key] = float(np.mean(vals))
         metrics["fed/max_compute_seconds"] = max(float(replies[p].metrics.get("fed/compute_seconds", 0.0))
                                                  for p in accepted)
         metrics = {k: v for k, v in metrics.items() if v is not None}
@@ -225,7 +234,8 @@ class Coordinator:
         """FrameDriftReport, or None when some pair's rotation is not identifiable (collapse)."""
         try:
             return frame_drift(embeddings, round_index=t, probe_hash=self.probe_hash,
-                               expected_probe_hash=self.probe_hash, singular_floor=self.cfg.gauge.singular_floor)
+                               expected_probe_hash=self.probe_hash, singular_floor=self.cfg.gauge.singular_floor,
+                               probe_subset={"role": "measurement", **self.split.record()})
         except DegenerateProcrustes:
             return None
 
@@ -253,6 +263,7 @@ class Coordinator:
             "final_hash": self.head_hash,
             "warmstart_hash": self.warmstart_hash,
             "probe_hash": self.probe_hash,
+            "probe_split": self.split.record(),
             "config_hash": self.cfg.config_hash(),
             "rounds": self.history,
         }

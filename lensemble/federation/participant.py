@@ -21,6 +21,7 @@ from lensemble.config.schema import LensembleConfig
 from lensemble.config.seeds import torch_generator
 from lensemble.data.clips import ClipSampler
 from lensemble.data.collect import load_silo
+from lensemble.data.probe import probe_split_for
 from lensemble.data.store import ensure_data, probe_frames
 from lensemble.errors import DegenerateProcrustes
 from lensemble.federation.messages import NodeSpec, Reply
@@ -29,8 +30,7 @@ from lensemble.federation.pseudograd import pseudo_gradient
 from lensemble.federation.release import participant_pipeline
 from lensemble.federation.state import federated_keys, to_tensors
 from lensemble.gauge.anchor import FrameAnchor
-from lensemble.gauge.backstop import align_and_redifference
-from lensemble.gauge.drift import drift_magnitudes
+from lensemble.gauge.backstop import align_and_redifference, backstop_metrics
 from lensemble.model.encoder import embed_frames
 from lensemble.model.objective import sketch_for_round, sketch_for_step
 from lensemble.model.world_model import WorldModel, architecture, world_model_from_state
@@ -114,11 +114,14 @@ def participant_round(cfg: LensembleConfig, node: NodeSpec, global_arrays: dict[
     delta = None
     if cfg.gauge.backstop:
         try:
+            # [gauge] Fitted on the probe's landmark frames; what it left is measured on the others.
+            split = probe_split_for(cfg, str(round_config["probe-hash"]), len(probe))
             delta, q, residual = align_and_redifference(local_sd, global_sd, local_emb, reference,
-                                                        singular_floor=cfg.gauge.singular_floor)
-            frob, angle, *_ = drift_magnitudes(q.unsqueeze(0))
-            metrics.update({"gauge/backstop_angle_deg": float(angle[0]), "gauge/backstop_residual": float(frob[0]),
-                            "gauge/backstop_fit": float(residual), "gauge/backstop_skipped": 0})
+                                                        singular_floor=cfg.gauge.singular_floor,
+                                                        fit_idx=torch.from_numpy(split.landmark_idx))
+            metrics.update(backstop_metrics(local_emb, reference, q, residual, singular_floor=cfg.gauge.singular_floor,
+                                            measurement_idx=torch.from_numpy(split.measurement_idx)))
+            metrics["gauge/backstop_skipped"] = 0
         except DegenerateProcrustes:
             # The rotation is not identifiable from these embeddings (e.g. early collapse):
             # averaging the unaligned update is the honest fallback, and the metric says so.

@@ -5,17 +5,19 @@ algebra, relative singular-value floor).
 """
 
 from lensemble.gauge.anchor import FrameAnchor, differentiable_polar, select_landmarks
-from lensemble.gauge.backstop import align_and_redifference, rotate_state_dict
+from lensemble.gauge.backstop import align_and_redifference, backstop_metrics, rotate_state_dict
 from lensemble.gauge.distill import DistillResult, aligned_consensus, distill_encoder
 from lensemble.gauge.drift import (
     GLOBAL_KEY,
     DriftToGlobal,
     FrameDriftReport,
+    Misalignment,
     PairSampling,
     drift_magnitudes,
     frame_drift,
     frobenius_drift,
     geodesic_angle_deg,
+    misalignment,
     pair_key,
     principal_angles,
 )
@@ -35,10 +37,13 @@ __all__ = [
     "FrameDriftReport",
     "DriftToGlobal",
     "PairSampling",
+    "Misalignment",
+    "misalignment",
     "FrameAnchor",
     "select_landmarks",
     "rotate_state_dict",
     "align_and_redifference",
+    "backstop_metrics",
     "aligned_consensus",
     "distill_encoder",
     "DistillResult",

@@ -163,6 +163,7 @@ class FrameAnchor:
         probe_hash: str | None = None,
         singular_floor: float = 1e-6,
         batch_size: int = 256,
+        landmark_idx: torch.Tensor | Sequence[int] | None = None,
     ) -> FrameAnchor:
         """Build the anchor from the frozen reference encoder f_ref and the public probe.
 
@@ -170,8 +171,20 @@ class FrameAnchor:
             reference_encoder: f_ref, frames (B, ...) -> (B, d); run in eval mode, no grad.
             probe_frames: (|P|, ...) probe frames (uint8 or float, as the encoder takes them).
             k: number of landmarks (>= d).
+            landmark_idx: the landmarks to use, e.g. the landmark part of the probe split
+                (:func:`lensemble.data.probe.split_probe`), which keeps them apart from the frames
+                drift is measured on; it must hold exactly k indices. None: a seeded sample of k
+                frames of the whole probe (:func:`select_landmarks`).
         """
-        idx = select_landmarks(int(probe_frames.shape[0]), k, seed=seed, probe_hash=probe_hash)
+        if landmark_idx is None:
+            idx = select_landmarks(int(probe_frames.shape[0]), k, seed=seed, probe_hash=probe_hash)
+        else:
+            idx = torch.as_tensor(landmark_idx, dtype=torch.long).reshape(-1)
+            if idx.numel() != k or bool((idx < 0).any()) or bool((idx >= probe_frames.shape[0]).any()):
+                raise ConfigError(
+                    f"landmark_idx must hold k={k} indices into a probe of {int(probe_frames.shape[0])} frames, "
+                    f"got {idx.numel()}",
+                    remediation="Use gauge.anchor_landmarks <= data.probe_frames / 2 (the landmark part).")
         was_training = reference_encoder.training
         reference_encoder.eval()
         try:

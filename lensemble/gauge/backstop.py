@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 import torch
 
-from lensemble.errors import GaugeError
+from lensemble.errors import DegenerateProcrustes, GaugeError
 from lensemble.gauge.procrustes import procrustes_align
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "OUT_PROJ_BIAS",
     "rotate_state_dict",
     "align_and_redifference",
+    "backstop_metrics",
 ]
 
 FRAME_WEIGHT = "encoder.frame.weight"
@@ -122,6 +123,7 @@ def align_and_redifference(
     *,
     singular_floor: float = 1e-6,
     prefix: str = "",
+    fit_idx: torch.Tensor | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, float]:
     """Participant-side backstop: align the full local weights, then re-difference.
 
@@ -133,6 +135,9 @@ def align_and_redifference(
             (the warm start f_ref or the global model).
         singular_floor: relative floor passed to procrustes_align.
         prefix: key prefix, see rotate_state_dict.
+        fit_idx: rows of the two embedding matrices the rotation is fitted on (the probe's
+            landmark frames, so that drift measured on the other frames stays held out); None:
+            all rows.
 
     Returns:
         (delta, Q, residual): delta maps every floating-point key to rotate(local) - global in
@@ -149,6 +154,9 @@ def align_and_redifference(
         raise GaugeError(
             f"local and global state dicts differ in keys (local only {only_l}, global only {only_g})"
         )
+    if fit_idx is not None:
+        idx = torch.as_tensor(fit_idx, dtype=torch.long)
+        probe_embeddings_local, reference_embeddings = probe_embeddings_local[idx], reference_embeddings[idx]
     q, residual = procrustes_align(
         probe_embeddings_local, reference_embeddings, singular_floor=singular_floor
     )
@@ -161,3 +169,53 @@ def align_and_redifference(
         if w.is_floating_point():
             delta[key] = w.detach() - g.detach().to(device=w.device, dtype=w.dtype)
     return delta, q, residual
+
+
+def backstop_metrics(
+    local_embeddings: torch.Tensor,
+    reference_embeddings: torch.Tensor,
+    q: torch.Tensor,
+    fit_residual: float,
+    *,
+    measurement_idx: torch.Tensor | None = None,
+    singular_floor: float = 1e-6,
+) -> dict[str, float]:
+    """What the backstop did, as scalars a participant may release (each key says its quantity).
+
+    * ``gauge/backstop_angle_deg`` / ``gauge/backstop_residual``: the geodesic angle / ||Q − I||_F
+      of the rotation Q it *removed* (local frame -> reference frame);
+      ``gauge/backstop_fit``: the relative Procrustes residual on the frames Q was fitted on.
+    * on the held-out ``measurement_idx`` rows (all rows when None), the local embeddings rotated by
+      Q against the reference: ``gauge/backstop_aligned_angle_deg`` (the rotation still left),
+      ``gauge/backstop_aligned_rel_residual`` (||E Q − R||_F / ||R||_F, no further rotation),
+      ``gauge/backstop_aligned_subspace_angle_deg``; and before the rotation,
+      ``gauge/backstop_unaligned_rel_residual`` (||E − R||_F / ||R||_F).
+    """
+    from lensemble.gauge.drift import drift_magnitudes, misalignment
+
+    frob, angle, _ = drift_magnitudes(q.to(torch.float64).unsqueeze(0))
+    local = local_embeddings.detach().to(torch.float64)
+    ref = reference_embeddings.detach().to(torch.float64)
+    if measurement_idx is not None:
+        idx = torch.as_tensor(measurement_idx, dtype=torch.long)
+        local, ref = local[idx], ref[idx]
+    aligned = local @ q.to(torch.float64).to(local.device)
+    ref_norm = float(torch.linalg.matrix_norm(ref)) or 1.0
+    out = {
+        "gauge/backstop_angle_deg": float(angle[0]),
+        "gauge/backstop_residual": float(frob[0]),
+        "gauge/backstop_fit": float(fit_residual),
+        "gauge/backstop_aligned_rel_residual": float(torch.linalg.matrix_norm(aligned - ref)) / ref_norm,
+        "gauge/backstop_unaligned_rel_residual": float(torch.linalg.matrix_norm(local - ref)) / ref_norm,
+    }
+    try:
+        left = misalignment(aligned, ref, singular_floor=singular_floor)
+    except DegenerateProcrustes:
+        # Too few or collapsed held-out frames to identify what rotation is left: say so, and
+        # never let a diagnostic change what the backstop did.
+        out["gauge/backstop_aligned_degenerate"] = 1.0
+        return out
+    out.update({"gauge/backstop_aligned_angle_deg": left.angle_deg,
+                "gauge/backstop_aligned_subspace_angle_deg": left.subspace_angle_deg,
+                "gauge/backstop_aligned_degenerate": 0.0})
+    return out

@@ -36,6 +36,24 @@ angles from the cosines eig((Q + Qᵀ)/2) as Σ θ_j² = ||Q - I||_F² + Σ_j [a
 one symmetric eigenvalue solve instead of two singular-value solves. Items whose cross-covariance
 has sigma_min / sigma_max < 1e-4 (or < 10 x the singular floor), or whose rotation has a plane
 within ~1.4e-3 rad of π (beyond a reflection's own -1 eigenvalue), go through the SVD path.
+
+Variance-weighted misalignment (beside the two magnitudes, which weight all d directions alike, so
+noise in weak directions can dominate them). For source X and target Y (same probe frames):
+
+* ``relative_residual_before`` = ||X - Y||_F / ||Y||_F: the disagreement with no alignment (what
+  naive averaging of the two frames sees); ``fit_residual`` = ||X Q* - Y||_F / ||Y||_F after the
+  best rotation; ``rotation_share`` = 1 - after² / before², the share of the squared disagreement a
+  rotation explains (what align-then-average recovers). Each weights a direction by its energy.
+* ``subspace_angle_deg``: the geodesic angle of Q* *within* the principal subspace S of Y holding
+  ``variance`` (95 %) of its (uncentred, as the gauge is linear) energy: with V_r a basis of S, the
+  orthogonal polar factor of V_rᵀ Q* V_r. ``subspace_tilt_deg``: how far Q* turns S out of itself,
+  the Grassmann distance sqrt(Σ φ_i²) from the principal angles φ_i between S and S Q*
+  (cos φ_i = the singular values of V_rᵀ Q* V_r); ``subspace_rank`` = dim S.
+  Two frames identical in their strong directions and random in the weak ones read ~0 on all of
+  these while ||Q* - I||_F and the angle are large (tests/unit/test_drift.py).
+
+Pairs ``a|b`` map a onto b, so these use b as the target (b's norm, b's principal subspace); the
+two magnitudes above are symmetric in a and b, these are not.
 """
 
 from __future__ import annotations
@@ -62,7 +80,9 @@ __all__ = [
     "DriftToGlobal",
     "PairSampling",
     "FrameDriftReport",
+    "Misalignment",
     "frame_drift",
+    "misalignment",
 ]
 
 GLOBAL_KEY = "global"
@@ -246,6 +266,21 @@ class DriftToGlobal(_Report):
     """||E_c Q - E_global||_F / ||E_global||_F: how much of the difference a rotation explains."""
     reflection: bool
     """det Q = -1."""
+    # Variance-weighted misalignment (module docstring); None in reports written before them.
+    relative_residual_before: float | None = None
+    """||E_c - E_global||_F / ||E_global||_F: the disagreement before any alignment."""
+    rotation_share: float | None = None
+    """1 - fit_residual² / relative_residual_before²: the share a rotation explains."""
+    subspace_angle_deg: float | None = None
+    """Geodesic angle of Q within the global frame's 95 %-energy principal subspace, degrees."""
+    subspace_tilt_deg: float | None = None
+    """Grassmann distance between that subspace and its image under Q, degrees."""
+    subspace_rank: int | None = None
+    """Dimension of that subspace."""
+
+
+Misalignment = DriftToGlobal
+"""One source frame against one target frame: the fields of :class:`DriftToGlobal`."""
 
 
 class PairSampling(_Report):
@@ -265,7 +300,7 @@ class FrameDriftReport(_Report):
     Magnitudes are symmetric in (a, b): Q_ba = Q_abᵀ has the same eigenvalue phases.
     """
 
-    schema_version: int = 1
+    schema_version: int = 2
     round_index: int
     probe_hash: str | None
     participants: list[str]
@@ -288,23 +323,71 @@ class FrameDriftReport(_Report):
     max_pairwise_angle_deg: float | None
     mean_global_residual: float | None
     mean_global_angle_deg: float | None
+    # Variance-weighted misalignment per pair (module docstring); empty in version-1 reports.
+    pairwise_relative_residual_before: dict[str, float] = {}
+    """||E_a - E_b||_F / ||E_b||_F per pair (before alignment)."""
+    pairwise_rotation_share: dict[str, float] = {}
+    pairwise_subspace_angle_deg: dict[str, float] = {}
+    pairwise_subspace_tilt_deg: dict[str, float] = {}
+    pairwise_subspace_rank: dict[str, int] = {}
+    subspace_variance: float = 0.95
+    """Energy share that defines the principal subspace of the target frame."""
+    probe_subset: dict | None = None
+    """Which probe frames were measured (e.g. the measurement part of the probe split, with its
+    index-set hash); None: the embeddings as given."""
+    mean_pairwise_relative_residual_before: float | None = None
+    mean_pairwise_fit_residual: float | None = None
+    mean_pairwise_rotation_share: float | None = None
+    mean_pairwise_subspace_angle_deg: float | None = None
+    mean_global_relative_residual_before: float | None = None
+    mean_global_fit_residual: float | None = None
+    mean_global_rotation_share: float | None = None
+    mean_global_subspace_angle_deg: float | None = None
 
     def summary_metrics(self) -> dict[str, float]:
         """Scalars under the stable JSONL keys (DESIGN §8): drift vs global when a global frame
-        was given, else the pairwise means."""
+        was given, else the pairwise means.
+
+        ``gauge/drift_angle_deg`` / ``gauge/procrustes_residual``: the geodesic angle / ||Q − I||_F
+        of each participant's (unaligned) frame against the global one, averaged over participants;
+        ``gauge/drift_rel_residual_before`` / ``_after``: ||E − G||/||G|| without / with the best
+        rotation; ``gauge/drift_rotation_share``: the share of that disagreement a rotation
+        explains; ``gauge/drift_subspace_angle_deg``: the angle within the global frame's principal
+        subspace (docs/gauge.md §3)."""
         out: dict[str, float] = {}
-        angle = self.mean_global_angle_deg if self.drift_from_global else self.mean_pairwise_angle_deg
-        resid = self.mean_global_residual if self.drift_from_global else self.mean_pairwise_residual
-        if angle is not None:
-            out["gauge/drift_angle_deg"] = angle
-        if resid is not None:
-            out["gauge/procrustes_residual"] = resid
+        g = bool(self.drift_from_global)
+        pick = {
+            "gauge/drift_angle_deg": self.mean_global_angle_deg if g else self.mean_pairwise_angle_deg,
+            "gauge/procrustes_residual": self.mean_global_residual if g else self.mean_pairwise_residual,
+            "gauge/drift_rel_residual_before": (self.mean_global_relative_residual_before if g
+                                                else self.mean_pairwise_relative_residual_before),
+            "gauge/drift_rel_residual_after": self.mean_global_fit_residual if g else self.mean_pairwise_fit_residual,
+            "gauge/drift_rotation_share": self.mean_global_rotation_share if g else self.mean_pairwise_rotation_share,
+            "gauge/drift_subspace_angle_deg": (self.mean_global_subspace_angle_deg if g
+                                               else self.mean_pairwise_subspace_angle_deg),
+        }
+        out.update({k: v for k, v in pick.items() if v is not None})
         if self.effective_dim:
             vals = [v for k, v in self.effective_dim.items() if k != GLOBAL_KEY] or list(
                 self.effective_dim.values()
             )
             out["gauge/effective_dim"] = math.fsum(vals) / len(vals)
         return out
+
+    def pairwise_metrics(self) -> dict[str, float]:
+        """Between-participant drift (no global frame involved), averaged over the measured pairs:
+        ``gauge/pairwise_angle_deg``, ``gauge/pairwise_residual`` (||Q − I||_F),
+        ``gauge/pairwise_rel_residual_before`` / ``_after``, ``gauge/pairwise_rotation_share``,
+        ``gauge/pairwise_subspace_angle_deg``."""
+        pick = {
+            "gauge/pairwise_angle_deg": self.mean_pairwise_angle_deg,
+            "gauge/pairwise_residual": self.mean_pairwise_residual,
+            "gauge/pairwise_rel_residual_before": self.mean_pairwise_relative_residual_before,
+            "gauge/pairwise_rel_residual_after": self.mean_pairwise_fit_residual,
+            "gauge/pairwise_rotation_share": self.mean_pairwise_rotation_share,
+            "gauge/pairwise_subspace_angle_deg": self.mean_pairwise_subspace_angle_deg,
+        }
+        return {k: v for k, v in pick.items() if v is not None}
 
 
 def _mean(values: list[float]) -> float | None:
@@ -322,6 +405,39 @@ def _select_pairs(c: int, max_pairs: int | None, seed: int) -> tuple[list[tuple[
     return [all_pairs[i] for i in chosen], total, True
 
 
+def principal_basis(x: torch.Tensor, variance: float) -> tuple[torch.Tensor, int]:
+    """Eigenvectors of XᵀX (d, d, columns by descending energy) and the smallest r whose leading
+    eigenvalues hold ``variance`` of the total (uncentred: the gauge is linear). r = d for X = 0."""
+    lam, v = torch.linalg.eigh(x.mT @ x)  # ascending
+    lam, v = lam.flip(-1).clamp_min(0.0), v.flip(-1)
+    total = float(lam.sum())
+    if total <= 0.0:
+        return v, int(x.shape[-1])
+    share = torch.cumsum(lam, dim=-1) / total
+    r = int(torch.searchsorted(share, torch.tensor([variance - 1e-12], dtype=share.dtype)).item()) + 1
+    return v, min(r, int(x.shape[-1]))
+
+
+def _subspace_magnitudes(q: torch.Tensor, basis: torch.Tensor, rank: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(angle within, tilt out of) each target's principal subspace, degrees, for (B, d, d) Q.
+
+    C = Vᵀ Q V in the target's principal basis; its leading r x r block, padded with the identity
+    to d x d (which adds only zero angles), gives the within-subspace rotation as its orthogonal
+    polar factor and the principal angles between S and S Q as the arccosines of its singular
+    values."""
+    d = q.shape[-1]
+    c = basis.mT @ q @ basis
+    ar = torch.arange(d)
+    inside = (ar[None, :, None] < rank[:, None, None]) & (ar[None, None, :] < rank[:, None, None])
+    eye = torch.eye(d, dtype=q.dtype).expand_as(c)
+    block = torch.where(inside, c, eye)
+    u, sig, vh = torch.linalg.svd(block)
+    _, within, _ = _fast_drift_magnitudes(u @ vh)
+    phi = torch.acos(sig.clamp(-1.0, 1.0))
+    tilt = torch.rad2deg(torch.sqrt((phi * phi).sum(dim=-1)))
+    return within, tilt
+
+
 def _measure(
     sources: torch.Tensor,
     targets: torch.Tensor,
@@ -329,33 +445,48 @@ def _measure(
     target_sq: torch.Tensor,
     labels: list[str],
     singular_floor: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Batched Procrustes + drift magnitudes for B (source, target) pairs.
+    basis: torch.Tensor,
+    rank: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """Batched Procrustes, drift magnitudes and the weighted misalignment for B pairs.
 
     Args:
         sources, targets: (B, n, d) float64, or broadcastable (1, n, d).
         source_sq, target_sq: their squared Frobenius norms, (B,) or (1,).
+        basis, rank: the targets' principal bases (B or 1, d, d) and subspace ranks (B or 1,).
     Returns:
-        (frobenius, angle_deg, fit_residual, reflection), each (B,).
+        {"frob", "angle", "fit", "refl", "before", "share", "sub_angle", "sub_tilt", "sub_rank"}, each (B,).
     """
     m = sources.mT @ targets  # (B, d, d) cross-covariances, one batched GEMM
     q, sigma = _fast_polar_factors(m, singular_floor, labels)
     frob, angle, refl = _fast_drift_magnitudes(q)
-    # ||S Q - T||² = ||S||² + ||T||² - 2 tr(Qᵀ M) and tr(Qᵀ M) = Σ σ: no n x d product needed.
+    tiny = torch.finfo(torch.float64).tiny
+    t_norm = torch.sqrt(target_sq).clamp_min(tiny)
+    # ||S Q - T||² = ||S||² + ||T||² - 2 tr(Qᵀ M) and tr(Qᵀ M) = Σ σ: no n x d product needed;
+    # ||S - T||² the same with tr(M). Both accurate to ~1e-8 relative (cancellation).
     fit2 = (source_sq + target_sq - 2.0 * sigma.sum(dim=-1)).clamp_min(0.0)
-    fit = torch.sqrt(fit2) / torch.sqrt(target_sq).clamp_min(torch.finfo(torch.float64).tiny)
-    return frob, angle, fit.expand_as(frob), refl
+    before2 = (source_sq + target_sq - 2.0 * torch.diagonal(m, dim1=-2, dim2=-1).sum(-1)).clamp_min(0.0)
+    before2 = torch.maximum(before2, fit2)  # Q = I is a candidate: the fit can never be worse
+    fit = (torch.sqrt(fit2) / t_norm).expand_as(frob)
+    before = (torch.sqrt(before2) / t_norm).expand_as(frob)
+    share = torch.where(before2 > 0, 1.0 - fit2 / before2.clamp_min(tiny), torch.zeros_like(before2)).expand_as(frob)
+    b = q.shape[0]
+    basis = basis.expand(b, -1, -1)
+    rank = rank.expand(b)
+    sub_angle, sub_tilt = _subspace_magnitudes(q, basis, rank)
+    return {"frob": frob, "angle": angle, "fit": fit, "refl": refl, "before": before, "share": share,
+            "sub_angle": sub_angle, "sub_tilt": sub_tilt, "sub_rank": rank}
 
 
-_Chunk = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "slice | torch.Tensor", list[str]]
-"""(sources, target pool, source_sq, target pool's sq norms, selection, labels): one
-:func:`_measure` call on ``targets = pool[selection]``. A slice selects a view; an index tensor
-(sampled pairs) is gathered only when the chunk runs, so at most ``workers`` copies exist at once."""
+_Chunk = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "slice | torch.Tensor", list[str],
+               torch.Tensor, torch.Tensor]
+"""(sources, target pool, source_sq, target pool's sq norms, selection, labels, the pool's principal
+bases, their ranks): one :func:`_measure` call on ``targets = pool[selection]``. A slice selects a
+view; an index tensor (sampled pairs) is gathered only when the chunk runs, so at most ``workers``
+copies exist at once."""
 
 
-def _measure_chunks(
-    tasks: list[_Chunk], singular_floor: float, workers: int
-) -> list[tuple[list[float], list[float], list[float], list[bool]]]:
+def _measure_chunks(tasks: list[_Chunk], singular_floor: float, workers: int) -> list[dict[str, list]]:
     """:func:`_measure` every chunk, ``workers`` chunks at a time; results in task order.
 
     The decompositions are d x d (d ~ 10^2): too small for LAPACK to use several threads well, so
@@ -365,9 +496,9 @@ def _measure_chunks(
     from the first failing chunk in task order, as in a serial loop.
     """
     def one(task: _Chunk):
-        sources, pool, source_sq, pool_sq, sel, labels = task
-        fr, an, ft, rf = _measure(sources, pool[sel], source_sq, pool_sq[sel], labels, singular_floor)
-        return fr.tolist(), an.tolist(), ft.tolist(), rf.tolist()
+        sources, pool, source_sq, pool_sq, sel, labels, bases, ranks = task
+        out = _measure(sources, pool[sel], source_sq, pool_sq[sel], labels, singular_floor, bases[sel], ranks[sel])
+        return {k: v.tolist() for k, v in out.items()}
 
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -393,6 +524,8 @@ def frame_drift(
     seed: int = 0,
     singular_floor: float = 1e-6,
     workers: int | None = None,
+    variance: float = 0.95,
+    probe_subset: dict | None = None,
 ) -> FrameDriftReport:
     """Pairwise frame drift between participants (and against the global model) on a probe.
 
@@ -410,6 +543,9 @@ def frame_drift(
         singular_floor: relative singular-value floor of every Procrustes problem.
         workers: chunks of pairs measured concurrently, one torch thread each (default: the
             process's torch thread count, ``torch.get_num_threads()``). Does not change the result.
+        variance: energy share of the target's principal subspace (``subspace_*`` fields).
+        probe_subset: recorded as is: which probe frames the embeddings are (e.g. the
+            measurement part of :func:`lensemble.data.probe.split_probe`, with its hash).
 
     Returns:
         FrameDriftReport. Bitwise identical for identical inputs (ids are sorted, the pair
@@ -422,11 +558,13 @@ def frame_drift(
         GaugeError / ConfigError: malformed embeddings / arguments.
 
     Cost: one (d x n)(n x d) GEMM, one d x d symmetric eigendecomposition (of MᵀM), one d x d
-    symmetric eigenvalue solve (of (Q + Qᵀ)/2), an LU (the reflection sign) and three d x d GEMMs
-    per pair, all batched (the only Python loops run over participants and chunks, never over
-    pairs); pairs that are ill-conditioned or turned by nearly π in some plane also take the SVD
-    path (see the module docstring). Computed on CPU in float64 whatever the input device. Chunks
-    of up to 32 pairs run ``workers`` at a time on threads (see :func:`_measure_chunks`).
+    symmetric eigenvalue solve (of (Q + Qᵀ)/2), an LU (the reflection sign), a d x d SVD (the
+    principal-subspace polar factor) and five d x d GEMMs per pair, plus one eigh per embedding
+    (its principal basis), all batched (the only Python loops run over participants and chunks,
+    never over pairs); pairs that are ill-conditioned or turned by nearly π in some plane also
+    take the SVD path (see the module docstring). Computed on CPU in float64 whatever the input
+    device. Chunks of up to 32 pairs run ``workers`` at a time on threads (see
+    :func:`_measure_chunks`).
     """
     if expected_probe_hash is not None and probe_hash != expected_probe_hash:
         raise ProbeError(
@@ -443,6 +581,8 @@ def frame_drift(
         workers = torch.get_num_threads()
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers must be a positive int or None, got {workers!r}")
+    if not 0.0 < float(variance) <= 1.0:
+        raise ConfigError(f"variance must be in (0, 1], got {variance!r}")
     if not isinstance(embeddings, Mapping) or len(embeddings) == 0:
         raise GaugeError("embeddings must be a non-empty mapping id -> (n, d) tensor")
     for key in embeddings:
@@ -465,11 +605,10 @@ def frame_drift(
     ids = [k for k in keys if k != GLOBAL_KEY]
     stacked = torch.stack([mats[k] for k in ids]) if ids else torch.empty(0, n, d, dtype=torch.float64)
     pairs, total, sampled = _select_pairs(len(ids), max_pairs, seed)
-
-    residual: dict[str, float] = {}
-    angle: dict[str, float] = {}
-    fit: dict[str, float] = {}
-    reflected: list[str] = []
+    # Every embedding's principal basis once (the weighted measures use the target's).
+    bases_ranks = [principal_basis(mats[k], float(variance)) for k in ids]
+    bases = torch.stack([b for b, _ in bases_ranks]) if ids else torch.empty(0, d, d, dtype=torch.float64)
+    ranks = torch.tensor([r for _, r in bases_ranks], dtype=torch.long)
 
     # Group pairs by their first member: each group is one (k, d, d) batch whose source is a
     # single un-copied matrix broadcast against its partners (a view when they are consecutive,
@@ -489,37 +628,54 @@ def frame_drift(
                 sel: slice | torch.Tensor = slice(js[0], js[-1] + 1)
             else:
                 sel = torch.tensor(js, dtype=torch.long, device=stacked.device)
-            pair_tasks.append((stacked[i].unsqueeze(0), stacked, sq_norms[i : i + 1], sq_norms, sel, labels))
+            pair_tasks.append((stacked[i].unsqueeze(0), stacked, sq_norms[i : i + 1], sq_norms, sel, labels,
+                               bases, ranks))
 
     global_tasks: list[_Chunk] = []
     if GLOBAL_KEY in mats and ids:
         g = mats[GLOBAL_KEY].unsqueeze(0)
         g_sq = (g * g).sum(dim=(-2, -1))
+        g_basis, g_rank = principal_basis(mats[GLOBAL_KEY], float(variance))
+        g_bases, g_ranks = g_basis.unsqueeze(0), torch.tensor([g_rank], dtype=torch.long)
         for start in range(0, len(ids), _CHUNK):
             stop = start + len(ids[start : start + _CHUNK])
             labels = [pair_key(k, GLOBAL_KEY) for k in ids[start:stop]]
-            global_tasks.append((stacked[start:stop], g, sq_norms[start:stop], g_sq, slice(None), labels))
+            global_tasks.append((stacked[start:stop], g, sq_norms[start:stop], g_sq, slice(None), labels,
+                                 g_bases, g_ranks))
 
     measured = _measure_chunks(pair_tasks + global_tasks, singular_floor, workers)
 
-    residual: dict[str, float] = {}
-    angle: dict[str, float] = {}
-    fit: dict[str, float] = {}
+    fields = ("frob", "angle", "fit", "before", "share", "sub_angle", "sub_tilt", "sub_rank")
+    pair_vals: dict[str, dict[str, float]] = {f: {} for f in fields}
     reflected: list[str] = []
-    for task, (fr, an, ft, rf) in zip(pair_tasks, measured[: len(pair_tasks)], strict=True):
-        for b, label in enumerate(task[-1]):
-            residual[label], angle[label], fit[label] = fr[b], an[b], ft[b]
-            if rf[b]:
+    for task, res in zip(pair_tasks, measured[: len(pair_tasks)], strict=True):
+        for b, label in enumerate(task[5]):
+            for f in fields:
+                pair_vals[f][label] = res[f][b]
+            if res["refl"][b]:
                 reflected.append(label)
 
     from_global: dict[str, DriftToGlobal] = {}
-    for task, (fr, an, ft, rf) in zip(global_tasks, measured[len(pair_tasks) :], strict=True):
-        for b, label in enumerate(task[-1]):
+    for task, res in zip(global_tasks, measured[len(pair_tasks) :], strict=True):
+        for b, label in enumerate(task[5]):
             from_global[label.split(PAIR_SEP)[0]] = DriftToGlobal(
-                residual=fr[b], angle_deg=an[b], fit_residual=ft[b], reflection=bool(rf[b])
+                residual=res["frob"][b], angle_deg=res["angle"][b], fit_residual=res["fit"][b],
+                reflection=bool(res["refl"][b]), relative_residual_before=res["before"][b],
+                rotation_share=res["share"][b], subspace_angle_deg=res["sub_angle"][b],
+                subspace_tilt_deg=res["sub_tilt"][b], subspace_rank=int(res["sub_rank"][b]),
             )
 
-    pair_labels = sorted(residual)
+    pair_labels = sorted(pair_vals["frob"])
+
+    def table(f: str, cast=float) -> dict:
+        return {k: cast(pair_vals[f][k]) for k in pair_labels}
+
+    def mean_of(f: str) -> float | None:
+        return _mean([pair_vals[f][k] for k in pair_labels])
+
+    def global_mean(attr: str) -> float | None:
+        return _mean([getattr(v, attr) for v in from_global.values()])
+
     return FrameDriftReport(
         round_index=int(round_index),
         probe_hash=probe_hash,
@@ -527,9 +683,9 @@ def frame_drift(
         num_probe=n,
         latent_dim=d,
         singular_floor=float(singular_floor),
-        pairwise_residual={k: residual[k] for k in pair_labels},
-        pairwise_angle_deg={k: angle[k] for k in pair_labels},
-        pairwise_fit_residual={k: fit[k] for k in pair_labels},
+        pairwise_residual=table("frob"),
+        pairwise_angle_deg=table("angle"),
+        pairwise_fit_residual=table("fit"),
         reflected_pairs=sorted(reflected),
         drift_from_global=from_global,
         effective_dim={k: effective_dim(mats[k]) for k in keys},
@@ -540,9 +696,35 @@ def frame_drift(
             total_pairs=total,
             evaluated_pairs=len(pairs),
         ),
-        mean_pairwise_residual=_mean([residual[k] for k in pair_labels]),
-        mean_pairwise_angle_deg=_mean([angle[k] for k in pair_labels]),
-        max_pairwise_angle_deg=max((angle[k] for k in pair_labels), default=None),
-        mean_global_residual=_mean([v.residual for v in from_global.values()]),
-        mean_global_angle_deg=_mean([v.angle_deg for v in from_global.values()]),
+        mean_pairwise_residual=mean_of("frob"),
+        mean_pairwise_angle_deg=mean_of("angle"),
+        max_pairwise_angle_deg=max((pair_vals["angle"][k] for k in pair_labels), default=None),
+        mean_global_residual=global_mean("residual"),
+        mean_global_angle_deg=global_mean("angle_deg"),
+        pairwise_relative_residual_before=table("before"),
+        pairwise_rotation_share=table("share"),
+        pairwise_subspace_angle_deg=table("sub_angle"),
+        pairwise_subspace_tilt_deg=table("sub_tilt"),
+        pairwise_subspace_rank=table("sub_rank", int),
+        subspace_variance=float(variance),
+        probe_subset=probe_subset,
+        mean_pairwise_relative_residual_before=mean_of("before"),
+        mean_pairwise_fit_residual=mean_of("fit"),
+        mean_pairwise_rotation_share=mean_of("share"),
+        mean_pairwise_subspace_angle_deg=mean_of("sub_angle"),
+        mean_global_relative_residual_before=global_mean("relative_residual_before"),
+        mean_global_fit_residual=global_mean("fit_residual"),
+        mean_global_rotation_share=global_mean("rotation_share"),
+        mean_global_subspace_angle_deg=global_mean("subspace_angle_deg"),
     )
+
+
+def misalignment(
+    source: torch.Tensor, target: torch.Tensor, *, singular_floor: float = 1e-6, variance: float = 0.95
+) -> Misalignment:
+    """Every drift number of one (n, d) source frame against one (n, d) target frame: ||Q − I||_F,
+    the geodesic angle and the variance-weighted misalignment (the source is mapped onto the
+    target, which sets the norm and the principal subspace). Same code path as :func:`frame_drift`."""
+    report = frame_drift({"source": source, GLOBAL_KEY: target}, singular_floor=singular_floor,
+                         variance=variance, workers=1)
+    return report.drift_from_global["source"]

@@ -133,3 +133,22 @@ def test_from_reference_uses_the_frozen_encoder():
     assert not anchor.targets.requires_grad
     z = ref(frames[anchor.landmark_idx])
     assert float(anchor(z).detach()) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_from_reference_takes_the_probe_splits_landmarks_and_nothing_else():
+    from lensemble.data.probe import split_probe
+    from lensemble.errors import ConfigError
+
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Flatten(), nn.Linear(12, 4))
+    frames = torch.randn(30, 3, 2, 2)
+    split = split_probe(30, 8, seed=5, probe_hash="p")
+    anchor = FrameAnchor.from_reference(ref, frames, k=8, landmark_idx=torch.from_numpy(split.landmark_idx))
+    assert anchor.landmark_idx.tolist() == split.landmark_idx.tolist()
+    assert not set(anchor.landmark_idx.tolist()) & set(split.measurement_idx.tolist())  # held out
+    with torch.no_grad():
+        torch.testing.assert_close(anchor.targets, ref(frames[torch.from_numpy(split.landmark_idx)]))
+    with pytest.raises(ConfigError):
+        FrameAnchor.from_reference(ref, frames, k=8, landmark_idx=[0, 1, 2])
+    with pytest.raises(ConfigError):
+        FrameAnchor.from_reference(ref, frames, k=2, landmark_idx=[0, 99])

@@ -171,3 +171,34 @@ def test_backstop_errors():
     other.pop("predictor.act.bias")
     with pytest.raises(GaugeError):
         align_and_redifference(sd, other, torch.randn(10, 4), torch.randn(10, 4))
+
+
+def test_backstop_fits_on_landmarks_and_reports_what_it_removed_and_left():
+    from lensemble.gauge import backstop_metrics
+
+    d = 6
+    g = torch.Generator().manual_seed(11)
+    ref = torch.randn(40, d, generator=g, dtype=torch.float64) * torch.linspace(1.0, 0.5, d, dtype=torch.float64)
+    q_true = _orthogonal(d, 3)
+    local = ref @ q_true.T                       # the local frame: the reference turned by Q_trueᵀ
+    lm, ms = torch.arange(0, 40, 2), torch.arange(1, 40, 2)
+    # Corrupt the measurement rows of the local embeddings: a fit on the landmarks must not see them.
+    noisy = local.clone()
+    noisy[ms] += 5.0 * torch.randn(len(ms), d, generator=g, dtype=torch.float64)
+    sd = {"encoder.frame.weight": torch.eye(d), "predictor.in_proj.weight": torch.randn(4, d),
+          "predictor.out_proj.weight": torch.randn(d, 4), "predictor.out_proj.bias": torch.randn(d)}
+    _, q, fit = align_and_redifference(sd, sd, noisy, ref, fit_idx=lm)
+    torch.testing.assert_close(q, q_true, atol=1e-10, rtol=0)   # recovered from the clean landmarks
+    assert fit < 1e-10
+    _, q_all, fit_all = align_and_redifference(sd, sd, noisy, ref)
+    assert fit_all > 0.1                                         # all rows: the corruption leaks in
+    from lensemble.gauge import drift_magnitudes
+
+    m = backstop_metrics(local, ref, q, fit, measurement_idx=ms)
+    frob, angle, _ = drift_magnitudes(q_true)
+    assert m["gauge/backstop_angle_deg"] == pytest.approx(float(angle), rel=1e-9)     # what it removed
+    assert m["gauge/backstop_residual"] == pytest.approx(float(frob), rel=1e-9)
+    assert m["gauge/backstop_aligned_angle_deg"] == pytest.approx(0.0, abs=1e-5)      # what it left
+    assert m["gauge/backstop_aligned_rel_residual"] == pytest.approx(0.0, abs=1e-6)
+    assert m["gauge/backstop_unaligned_rel_residual"] > 0.1
+    assert all(isinstance(v, float) for v in m.values())

@@ -44,3 +44,39 @@ def test_tampered_or_missing_probe_raises(tmp_path):
         load_probe(tmp_path / "probe-nothere.npz")
     with pytest.raises(ProbeError):
         probe_hash(np.zeros((2, 8, 8, 3), np.uint8))  # HWC is not the probe layout
+
+
+# ---------------------------------------------------------------- landmark / measurement split
+def test_split_is_a_deterministic_disjoint_partition_pinned_by_hashes():
+    from lensemble.data.probe import index_set_hash, landmark_count, split_probe
+
+    h = probe_hash(_frames())
+    s = split_probe(256, 128, seed=3, probe_hash=h)
+    lm, ms = s.landmark_idx, s.measurement_idx
+    assert lm.size == 128 and ms.size == 128 and s.num_probe == 256
+    assert np.array_equal(np.sort(np.concatenate([lm, ms])), np.arange(256))   # a partition
+    assert np.all(np.diff(lm) > 0) and np.all(np.diff(ms) > 0)                  # sorted, no repeats
+    again = split_probe(256, 128, seed=3, probe_hash=h)
+    assert np.array_equal(again.landmark_idx, lm) and again.landmark_hash == s.landmark_hash
+    # The seed and the probe both move it; the hashes say so.
+    other_seed = split_probe(256, 128, seed=4, probe_hash=h)
+    other_probe = split_probe(256, 128, seed=3, probe_hash=probe_hash(_frames(seed=1)))
+    assert other_seed.landmark_hash != s.landmark_hash and other_probe.landmark_hash != s.landmark_hash
+    assert s.landmark_hash == index_set_hash(lm[::-1])  # a set: order does not matter
+    assert s.landmark_hash != s.measurement_hash
+    rec = s.record()
+    assert rec["num_landmarks"] == 128 and rec["measurement_hash"] == s.measurement_hash
+    # Not the first half: a random partition (a 1-in-C(256,128) coincidence otherwise).
+    assert not np.array_equal(lm, np.arange(128))
+    assert landmark_count(256, 128) == 128 and landmark_count(32, 128) == 16 and landmark_count(32, 16) == 16
+
+
+def test_split_refuses_to_leave_no_measurement_frames():
+    from lensemble.data.probe import landmark_count, split_probe
+
+    with pytest.raises(ProbeError):
+        split_probe(16, 16, seed=0, probe_hash="x")
+    with pytest.raises(ProbeError):
+        split_probe(16, 0, seed=0, probe_hash="x")
+    with pytest.raises(ProbeError):
+        landmark_count(1, 4)

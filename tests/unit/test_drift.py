@@ -119,7 +119,15 @@ def test_frame_drift_known_rotations():
     assert rep.round_index == 3 and rep.probe_hash == "abc" and rep.latent_dim == 6 and rep.num_probe == 48
     m = rep.summary_metrics()
     assert m["gauge/drift_angle_deg"] == pytest.approx(rep.mean_global_angle_deg)
-    assert set(m) == {"gauge/drift_angle_deg", "gauge/procrustes_residual", "gauge/effective_dim"}
+    assert set(m) == {"gauge/drift_angle_deg", "gauge/procrustes_residual", "gauge/effective_dim",
+                      "gauge/drift_rel_residual_before", "gauge/drift_rel_residual_after",
+                      "gauge/drift_rotation_share", "gauge/drift_subspace_angle_deg"}
+    assert set(rep.pairwise_metrics()) == {"gauge/pairwise_angle_deg", "gauge/pairwise_residual",
+                                           "gauge/pairwise_rel_residual_before", "gauge/pairwise_rel_residual_after",
+                                           "gauge/pairwise_rotation_share", "gauge/pairwise_subspace_angle_deg"}
+    # An exact rotation: a rotation explains all of the disagreement.
+    assert rep.drift_from_global["s1"].rotation_share == pytest.approx(1.0, abs=1e-6)
+    assert rep.drift_from_global["s0"].relative_residual_before == pytest.approx(0.0, abs=1e-6)
 
 
 def test_frame_drift_matches_single_pair_procrustes():
@@ -448,3 +456,72 @@ def test_frame_drift_matches_per_pair_svd_reference(monkeypatch):
     assert rep.pairwise_angle_deg["p0|p6"] == pytest.approx(math.degrees(1e-4), abs=1e-9)
     again = frame_drift({k: v.clone() for k, v in reversed(list(emb.items()))})
     assert again.model_dump_json() == rep.model_dump_json()
+
+
+# ---------------------------------------------------------------- variance-weighted misalignment
+def _strong_weak(n=512, d=64, strong=12, weak_energy=0.004, seed=0):
+    """Two frames identical in ``strong`` directions, independent noise in the other d - strong,
+    which hold ``weak_energy`` of the total."""
+    g = torch.Generator().manual_seed(seed)
+    core = torch.randn(n, strong, generator=g, dtype=torch.float64)
+    scale = math.sqrt(weak_energy / (1 - weak_energy) * strong / (d - strong))
+    wx = scale * torch.randn(n, d - strong, generator=g, dtype=torch.float64)
+    wy = scale * torch.randn(n, d - strong, generator=g, dtype=torch.float64)
+    return torch.cat([core, wx], 1), torch.cat([core, wy], 1)
+
+
+def test_identical_strong_directions_random_weak_ones_read_near_zero_weighted():
+    from lensemble.gauge.drift import misalignment
+
+    x, y = _strong_weak()
+    m = misalignment(x, y)
+    # The unweighted magnitudes are dominated by the 52 weak directions: a large "rotation".
+    assert m.residual > 5.0 and m.angle_deg > 300.0
+    # The weighted ones are not: the strong 12 directions agree, and they hold >= 95 % of the energy.
+    assert m.subspace_rank <= 12
+    assert m.subspace_angle_deg < 1.0 and m.subspace_tilt_deg < 5.0  # vs 530° unweighted
+    assert m.relative_residual_before < 0.1 and m.fit_residual <= m.relative_residual_before
+    # The known answer of the relative residual: ||X - Y||² = 2 × weak energy of one frame.
+    expected = float(torch.linalg.matrix_norm(x - y) / torch.linalg.matrix_norm(y))
+    assert m.relative_residual_before == pytest.approx(expected, rel=1e-6)
+    assert expected == pytest.approx(math.sqrt(2 * 0.004), rel=0.15)
+
+
+def test_a_rotation_within_the_strong_subspace_reads_its_angle_weighted():
+    from lensemble.gauge.drift import misalignment
+
+    x, y = _strong_weak(seed=1, weak_energy=0.001)
+    r = _plane_rotation(64, {(0, 1): 40.0})
+    m = misalignment(y @ r, y)  # the target's strong plane (0, 1) turned by 40°
+    assert m.angle_deg == pytest.approx(40.0, abs=0.1)
+    assert m.subspace_angle_deg == pytest.approx(40.0, abs=0.1)  # all of it inside S
+    assert m.subspace_tilt_deg < 0.5                             # S maps onto itself
+    assert m.fit_residual < 1e-6 and m.rotation_share == pytest.approx(1.0, abs=1e-9)
+    # ||X - Y||_F / ||Y||_F for a plane turned by θ: 2 sin(θ/2) × the plane's share of the norm.
+    share = float((y[:, :2] ** 2).sum() / (y**2).sum())
+    assert m.relative_residual_before == pytest.approx(2 * math.sin(math.radians(20)) * math.sqrt(share), rel=1e-6)
+
+
+def test_a_rotation_out_of_the_strong_subspace_is_tilt_not_within_angle():
+    from lensemble.gauge.drift import misalignment
+
+    x, y = _strong_weak(seed=2, weak_energy=0.001)
+    r = _plane_rotation(64, {(0, 40): 30.0})  # strong axis 0 turned towards weak axis 40
+    m = misalignment(y @ r, y)
+    assert m.angle_deg == pytest.approx(30.0, abs=0.1)
+    assert m.subspace_tilt_deg == pytest.approx(30.0, abs=0.5)
+    assert m.subspace_angle_deg < 0.5
+
+
+def test_weighted_fields_are_recorded_per_pair_and_summarised():
+    emb, _ = _sites()
+    rep = frame_drift(emb, probe_subset={"role": "measurement", "hash": "h"})
+    assert rep.probe_subset == {"role": "measurement", "hash": "h"} and rep.subspace_variance == 0.95
+    for table in (rep.pairwise_relative_residual_before, rep.pairwise_rotation_share,
+                  rep.pairwise_subspace_angle_deg, rep.pairwise_subspace_tilt_deg, rep.pairwise_subspace_rank):
+        assert list(table) == list(rep.pairwise_angle_deg)
+    assert rep.mean_pairwise_fit_residual == pytest.approx(
+        sum(rep.pairwise_fit_residual.values()) / 3)
+    assert FrameDriftReport.model_validate_json(rep.model_dump_json()) == rep
+    with pytest.raises(ConfigError):
+        frame_drift(emb, variance=0.0)
