@@ -33,8 +33,9 @@ def test_collect_train_run_drift_evaluate(tmp_path):
     base = ["experiment=micro", f"data.root={tmp_path / 'data'}", f"run_dir={tmp_path / 'run'}"]
     res = runner.invoke(app, ["data", "collect", *base])
     assert res.exit_code == 0, res.output
-    res = runner.invoke(app, ["run", "--engine", "inprocess", *base])
+    res = runner.invoke(app, ["run", "--engine", "inprocess", "--eval-episodes", "2", *base])
     assert res.exit_code == 0, res.output
+    assert (tmp_path / "run" / "report.md").is_file() and "Report: " in res.output
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["rounds_completed"] == 2
     collection = next((tmp_path / "data").iterdir())
@@ -51,3 +52,15 @@ def test_collect_train_run_drift_evaluate(tmp_path):
     assert res.exit_code == 0, res.output
     report = json.loads((tmp_path / "eval.json").read_text())
     assert report["n_episodes"] == 2 and 0.0 <= report["success_rate"] <= 1.0
+    # the report goes beside --out, and its path is the last line printed
+    md = (tmp_path / "eval.md").read_text()
+    assert f"{report['n_successes']}/2" in md and report["goal_spec_hash"][:16] in md
+    assert (tmp_path / "eval.html").is_file() and (tmp_path / "eval-figures" / "success.png").is_file()
+    assert res.output.strip().splitlines()[-1].startswith(f"Report: {tmp_path / 'eval.md'}")
+    # without --out: in the checkpoint's run folder, never over the run's own report.md
+    res = runner.invoke(app, ["evaluate", rounds[-1], "--episodes", "2", "--no-ladder", "--policy", "random", *base])
+    assert res.exit_code == 0, res.output
+    folder = tmp_path / "run" / "evaluations" / "round-0001-random-heldout"
+    assert (folder / "report.md").is_file() and (folder / "eval.json").is_file()
+    assert res.output.strip().splitlines()[-1].startswith(f"Report: {folder / 'report.md'}")
+    assert (tmp_path / "run" / "report.md").read_text().startswith("# Run `micro`")
