@@ -91,6 +91,27 @@ class FaultToleranceExceeded(RoundError):
     )
 
 
+class FolderInUse(LensembleError):
+    """Another process holds the exclusive lock on a run or participant-state folder."""
+
+    code = "folder_in_use"
+    default_remediation = (
+        "Wait for the other run to finish or stop it, or give this run another folder "
+        "(run_dir / federation.state_dir)."
+    )
+
+
+class ParticipantFailed(RoundError):
+    """A participant's error as the coordinator may see it: a code and a class name, no text.
+
+    The original message can hold private values (a shape, a file name, a number from the silo),
+    so only :func:`error_label` of it crosses the silo boundary.
+    """
+
+    code = "participant_failed"
+    default_remediation = "Read the participant's own log at its site; the round can be retried."
+
+
 class NonDeterministicAggregation(LensembleError):
     code = "agg_nondeterministic"
     fail_closed = True
@@ -103,6 +124,16 @@ class PrivacyBudgetExceeded(LensembleError):
     default_remediation = (
         "Raise privacy.target_epsilon, lower the number of rounds, or raise privacy.noise_multiplier."
     )
+
+
+def error_label(exc: BaseException) -> str:
+    """``"ClassName [code]"`` for a Lensemble error, else ``"ClassName"``: no message text.
+
+    What a participant's failure may say to the coordinator (summary.json, state headers, logs).
+    """
+    name = type(exc).__name__
+    code = getattr(exc, "code", None) if isinstance(exc, LensembleError) else None
+    return f"{name} [{code}]" if code else name
 
 
 __all__ = [
@@ -118,6 +149,9 @@ __all__ = [
     "ResidencyViolation",
     "RoundError",
     "FaultToleranceExceeded",
+    "FolderInUse",
+    "ParticipantFailed",
     "NonDeterministicAggregation",
     "PrivacyBudgetExceeded",
+    "error_label",
 ]

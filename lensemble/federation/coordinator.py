@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -21,14 +22,21 @@ from lensemble.artifacts.checkpoint import load_checkpoint, read_header, save_ch
 from lensemble.artifacts.manifest import build_manifest, write_manifest
 from lensemble.config.schema import LensembleConfig
 from lensemble.config.seeds import derive
-from lensemble.data.residency import guard_export
 from lensemble.data.probe import probe_split_for
+from lensemble.data.residency import guard_export
 from lensemble.data.store import ensure_data, probe_frames
-from lensemble.errors import ConfigError, DegenerateProcrustes
+from lensemble.errors import (
+    CheckpointIntegrityError,
+    ConfigError,
+    DegenerateProcrustes,
+    PrivacyBudgetExceeded,
+    ProbeError,
+)
 from lensemble.federation.codec import payload_nbytes, quant_ratio
+from lensemble.federation.locks import lock_folder
 from lensemble.federation.messages import Reply
 from lensemble.federation.outer import OuterOptimizer, aggregate_checked
-from lensemble.federation.privacy import PrivacyLedger
+from lensemble.federation.privacy import PrivacyLedger, ReleaseTally
 from lensemble.federation.state import federated_keys, split_state, to_arrays
 from lensemble.federation.validation import Update, require_quorum, validate_updates
 from lensemble.gauge.anchor import FrameAnchor
@@ -53,8 +61,20 @@ class Coordinator:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         guard_export(self.run_dir)  # checkpoints, metrics and reports leave with the run folder
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        check_federation_config(cfg)
+        # One process per run folder, for the life of the run (released by finish(), or by the
+        # kernel when the process ends): a second run here is refused, naming this one.
+        self._lock = lock_folder(self.run_dir, what="run folder")
+        try:
+            self._set_up(progress)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _set_up(self, progress: bool) -> None:
+        cfg = self.cfg
         self.num_rounds = cfg.federation.rounds
+        self.run_id = _run_id(self.run_dir)
         self.data_dir, summary = ensure_data(cfg, progress=progress)
         self.probe_hash = summary["probe"]["content_hash"]
         self.probe = probe_frames(str(self.data_dir), self.probe_hash)
@@ -78,21 +98,45 @@ class Coordinator:
             self.extras = {"anchor-targets": anchor.targets.numpy().astype(np.float32),
                            "anchor-idx": anchor.landmark_idx.numpy().astype(np.int64)}
         self.ledger = PrivacyLedger.from_config(cfg.privacy) if cfg.privacy.enabled else None
+        self.tally = ReleaseTally(self.run_dir / "privacy.json", cfg.data.num_silos) if self.ledger else None
         self.history: list[dict] = []
         self._resume_or_start({k: v for k, v in warm.tensors.items()})
+        self._check_or_write_manifest()
         self.sink = MetricsSink(self.run_dir / "metrics.jsonl")
-        write_manifest(build_manifest(cfg, "federated", rounds=self.num_rounds, probe_hash=self.probe_hash,
-                                      warmstart_hash=self.warmstart_hash,
-                                      dp={"noise_multiplier": cfg.privacy.noise_multiplier if cfg.privacy.enabled else 0.0,
-                                          "target_epsilon": cfg.privacy.target_epsilon}), self.run_dir)
 
     # -- set-up
     def _warmstart(self, progress: bool) -> tuple[Path, str]:
         if self.cfg.federation.warmstart:
             folder = Path(self.cfg.federation.warmstart)
             return folder, read_header(folder)["content_hash"]
+        found = _own_warmstart(self.cfg, self.run_dir / "warmstart")
+        if found is not None:  # trained by an earlier start of this run: reuse it, never re-train
+            return found
         res = train_warmstart(self.cfg, run_dir=self.run_dir / "warmstart", progress=progress)
         return res.checkpoint_dir, res.checkpoint_hash
+
+    def _check_or_write_manifest(self) -> None:
+        """Write manifest.json on a fresh run; on a resume, refuse one that pins other inputs.
+
+        The manifest is what a run *was*: it is never rewritten, so a resumed run cannot replace
+        the hashes its first rounds were made with.
+        """
+        path = self.run_dir / "manifest.json"
+        if path.exists():
+            old = json.loads(path.read_text())
+            for key, now in (("config_hash", self.cfg.config_hash()), ("probe_hash", self.probe_hash),
+                             ("warmstart_hash", self.warmstart_hash)):
+                if old.get(key) != now:
+                    raise ConfigError(
+                        f"{path} pins {key} {str(old.get(key))[:16]}…, this run has {now[:16]}…",
+                        remediation="resume with the data, warm start and overrides the run started "
+                                    "with, or use a new run folder")
+            return
+        write_manifest(build_manifest(self.cfg, "federated", rounds=self.num_rounds, probe_hash=self.probe_hash,
+                                      warmstart_hash=self.warmstart_hash,
+                                      dp={"noise_multiplier": self.cfg.privacy.noise_multiplier
+                                          if self.cfg.privacy.enabled else 0.0,
+                                          "target_epsilon": self.cfg.privacy.target_epsilon}), self.run_dir)
 
     def _round_dir(self, t: int) -> Path:
         return self.run_dir / "rounds" / f"round-{t:04d}"
@@ -100,7 +144,6 @@ class Coordinator:
     def _resume_or_start(self, warm_tensors: dict[str, torch.Tensor]) -> None:
         committed = sorted(p for p in (self.run_dir / "rounds").glob("round-*")
                            if (p / "model" / "header.json").exists() and (p / "state" / "header.json").exists())
-        cfgh = self.cfg.config_hash()
         self.keys = federated_keys(self.cfg)
         if not committed:
             self.next_round = 0
@@ -108,21 +151,63 @@ class Coordinator:
             params, self.fixed = split_state(warm_tensors, self.keys)
             self.outer = self._outer(params)
             return
+        self._verify_chain(committed)
         last = committed[-1]
         model = load_checkpoint(last / "model")
         state = load_checkpoint(last / "state")
-        if model.header["config_hash"] != cfgh:
-            raise ConfigError(f"{self.run_dir} holds rounds of a different config",
-                              remediation="use a new run folder or the original overrides")
         params, self.fixed = split_state(model.tensors, self.keys)
         self.outer = self._outer(params)
         self.outer.load_state_dict({**state.header["extra"]["outer"],
                                     "velocity": {k[len("velocity."):]: v for k, v in state.tensors.items()}})
-        if self.ledger is not None and state.header["extra"].get("ledger"):
-            self.ledger.load_state_dict(state.header["extra"]["ledger"])
         self.history = state.header["extra"].get("history", [])
         self.next_round = model.round_index + 1
         self.head_hash = model.content_hash
+
+    def _verify_chain(self, committed: list[Path]) -> None:
+        """Refuse to resume unless the committed rounds are one unbroken chain of this run.
+
+        Checks, per round k (headers only; the last round is fully verified when it is loaded):
+        the folder is round k of 0..n-1; the model was made with this config, this probe and this
+        warm start, and its parent is round k-1's model (round 0's: the warm start); the
+        coordinator state beside it belongs to exactly that model. Any mismatch names what
+        differs.
+        """
+        cfgh = self.cfg.config_hash()
+        parent = self.warmstart_hash
+        for k, folder in enumerate(committed):
+            name = folder.name
+            if name != f"round-{k:04d}":
+                raise CheckpointIntegrityError(
+                    f"{self.run_dir / 'rounds'} has {name} where round-{k:04d} should be: the chain is broken",
+                    remediation="restore the missing round or start a new run folder")
+            model, state = read_header(folder / "model"), read_header(folder / "state")
+            extra = model.get("extra", {})
+            if model["config_hash"] != cfgh:
+                raise ConfigError(f"{self.run_dir} holds rounds of a different config ({name}: "
+                                  f"{model['config_hash'][:16]}…, this run {cfgh[:16]}…)",
+                                  remediation="use a new run folder or the original overrides")
+            if extra.get("probe_hash") != self.probe_hash:
+                raise ProbeError(
+                    f"{name} was measured on probe {str(extra.get('probe_hash'))[:16]}…, "
+                    f"the data now holds probe {self.probe_hash[:16]}…",
+                    remediation="resume with the collection the run started with, or use a new run folder")
+            if extra.get("warmstart_hash") != self.warmstart_hash or (k == 0 and model["parent_hash"] != parent):
+                raise ConfigError(
+                    f"{name} chains to warm start {str(extra.get('warmstart_hash'))[:16]}…, "
+                    f"this run's warm start is {self.warmstart_hash[:16]}…",
+                    remediation="resume with the warm start the run started with (federation.warmstart)")
+            if model["parent_hash"] != parent or int(model["round_index"]) != k:
+                raise CheckpointIntegrityError(
+                    f"{name}/model (round {model['round_index']}) has parent {str(model['parent_hash'])[:16]}…, "
+                    f"expected {parent[:16]}… (the previous round's model)",
+                    remediation="restore the round folders from one run, or start a new run folder")
+            if state["parent_hash"] != model["content_hash"] or int(state["round_index"]) != k:
+                raise CheckpointIntegrityError(
+                    f"{name}/state is the coordinator state of round {state['round_index']} "
+                    f"(model {str(state['parent_hash'])[:16]}…), not of {name}'s model "
+                    f"{model['content_hash'][:16]}…",
+                    remediation="restore the state saved with this round, or start a new run folder")
+            parent = model["content_hash"]
 
     def _outer(self, params: dict[str, torch.Tensor]) -> OuterOptimizer:
         f = self.cfg.federation
@@ -142,11 +227,31 @@ class Coordinator:
 
     def round_config(self, t: int) -> dict:
         if self.ledger is not None:
-            self.ledger.check_release()  # stop before asking anyone to release an update
-        # What a participant reads: the round, H, the probe it must verify, and the whole config
-        # (a SuperNode has no config of its own). The sketch comes from the config's root seed.
+            self._check_budget()  # stop before asking anyone to release an update
+        # What a participant reads: the round, H, the probe it must verify, the run's identity
+        # (its state folder must be this run's), and the whole config (a SuperNode has no config
+        # of its own). The sketch comes from the config's root seed.
         return {"round": t, "inner-steps": self.cfg.federation.inner_steps, "probe-hash": self.probe_hash,
-                "config-json": json.dumps(self.cfg.model_dump(mode="json"))}
+                "run-id": self.run_id, "config-json": json.dumps(self.cfg.model_dump(mode="json"))}
+
+    def _check_budget(self) -> None:
+        bound = self.tally.bound()
+        eps = self.ledger.epsilon_for(bound + 1)
+        target = self.ledger.target_epsilon
+        if target is not None and not eps <= target:
+            raise PrivacyBudgetExceeded(
+                f"asking again would let a silo bring ε to {eps:.4g} > target {target:.4g} "
+                f"(δ={self.ledger.delta:g}, up to {bound} release(s) so far)",
+                epsilon=eps, target_epsilon=target, releases=bound)
+
+    def before_ask(self, t: int) -> None:
+        """Called by the round driver just before each ask: counts it, durably, under DP."""
+        if self.tally is not None:
+            self.tally.before_ask()
+
+    def epsilon(self) -> float:
+        """ε of the silo that may have released most (0 without privacy); see ReleaseTally."""
+        return self.ledger.epsilon_for(self.tally.bound()) if self.ledger is not None else 0.0
 
     def close_round(self, t: int, replies: dict[str, Reply], failures: dict[str, str], *,
                     wire_bytes: int | None = None, seconds: float | None = None) -> dict:
@@ -155,11 +260,21 @@ class Coordinator:
         if t != self.next_round:
             raise ConfigError(f"round {t} closed while round {self.next_round} is open")
         started = time.perf_counter()
+        if self.tally is not None:  # every reply is a release that happened, usable or not
+            for pid, r in sorted(replies.items()):
+                n = r.metrics.get("dp/releases")
+                if isinstance(n, (int, float)) and not isinstance(n, bool) and n >= 0:
+                    self.tally.record(pid, int(n))
         template = self.outer.params
-        result = validate_updates([Update(pid, r.round_index, r.payload) for pid, r in sorted(replies.items())],
-                                  template=template, round_index=t, max_update_mb=self.cfg.federation.max_update_mb)
-        dropped = dict(failures) | {pid: why for pid, why in result.rejected}
-        require_quorum(len(result.accepted), self.cfg.federation.min_participants, round_index=t)
+        # Under DP the participants withhold their probe embeddings: (0, d) is the only valid form.
+        rows = 0 if self.cfg.privacy.enabled else len(self.probe)
+        result = validate_updates([Update(pid, r.round_index, r.payload, r.probe_embeddings)
+                                   for pid, r in sorted(replies.items())],
+                                  template=template, round_index=t, max_update_mb=self.cfg.federation.max_update_mb,
+                                  embedding_shape=(rows, self.cfg.model.latent_dim))
+        dropped = dict(failures) | {pid: f"sent an unusable reply ({why})" for pid, why in result.rejected}
+        require_quorum(len(result.accepted), self.cfg.federation.min_participants, round_index=t,
+                       failures=dropped)
         mean = aggregate_checked(result.accepted)
         new_params = self.outer.preview(mean)
         self.outer.commit(mean, expected=new_params)
@@ -186,20 +301,22 @@ class Coordinator:
             metrics.update({"gauge/distill_loss_before": res.loss_before, "gauge/distill_loss_after": res.loss_after})
 
         global_emb = embed_frames(model.encoder, self.probe)
-        emb = {p: torch.from_numpy(replies[p].probe_embeddings)[self._ms] for p in accepted} | {GLOBAL_KEY: global_emb[self._ms]}
-        report = self._drift(emb, t)
+        # Under DP no participant embeddings arrive: drift is then only global vs warm start.
+        report = None
+        if not self.cfg.privacy.enabled:
+            emb = {p: torch.from_numpy(replies[p].probe_embeddings)[self._ms] for p in accepted} | {GLOBAL_KEY: global_emb[self._ms]}
+            report = self._drift(emb, t)
         ref_report = self._drift({"warmstart": self.reference_probe[self._ms], GLOBAL_KEY: global_emb[self._ms]}, t)
         if report is not None:
             (self.run_dir / "drift").mkdir(exist_ok=True)
             (self.run_dir / "drift" / f"round-{t:04d}.json").write_text(report.model_dump_json(indent=1))
             metrics.update(report.summary_metrics())
             metrics.update(report.pairwise_metrics())  # [gauge] between participants, no global frame
-        metrics["gauge/drift_degenerate"] = int(report is None)
+        if not self.cfg.privacy.enabled:
+            metrics["gauge/drift_degenerate"] = int(report is None)
         if ref_report is not None:
             metrics["gauge/angle_to_warmstart_deg"] = ref_report.mean_global_angle_deg
 
-        if self.ledger is not None:
-            self.ledger.step()
         wire = wire_bytes if wire_bytes is not None else sum(payload_nbytes(replies[p].payload) for p in replies)
         metrics.update({
             "round": t,
@@ -211,8 +328,10 @@ class Coordinator:
             "fed/aggregate_seconds": time.perf_counter() - started,
             "gauge/global_effective_dim": effective_dim(global_emb),
             "gauge/global_latent_std": latent_std(global_emb),
-            "dp/epsilon": self.ledger.epsilon() if self.ledger is not None else 0.0,
+            "dp/epsilon": self.epsilon(),
         })
+        if self.tally is not None:
+            metrics["dp/releases_bound"] = self.tally.bound()
         for key in ("loss/pred", "loss/sigreg", "loss/anchor"):
             vals = [replies[p].metrics[key] for p in accepted if key in replies[p].metrics]
             if vals:
@@ -252,7 +371,7 @@ class Coordinator:
         save_checkpoint(folder / "state", {f"velocity.{k}": v for k, v in velocity.items()},
                         kind="coordinator_state", round_index=t, parent_hash=model_hash, config_hash=cfgh,
                         extra={"outer": outer_state, "history": self.history,
-                               "ledger": self.ledger.state_dict() if self.ledger else None})
+                               "ledger": self.tally.state_dict() if self.tally else None})
         self.head_hash = model_hash
 
     def finish(self) -> dict:
@@ -269,7 +388,52 @@ class Coordinator:
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True, default=str))
         self.sink.close()
+        self._lock.release()
         return summary
 
 
-__all__ = ["Coordinator"]
+def check_federation_config(cfg: LensembleConfig) -> None:
+    """Cross-field checks a federated run needs beyond the schema; ConfigError naming the fields.
+
+    With privacy on, participants withhold their probe embeddings (only the clipped, noised Δ is
+    covered by ε), so a rung that needs them (``gauge.distill``) is refused.
+    """
+    if cfg.privacy.enabled and cfg.gauge.distill:
+        raise ConfigError(
+            "gauge.distill needs the participants' probe embeddings, which privacy.enabled withholds "
+            "(ε covers only the clipped, noised pseudo-gradient)",
+            remediation="use a rung without distillation (gauge=anchor or lower) with privacy=dp, "
+                        "or privacy=none for rung 5")
+
+
+def _run_id(run_dir: Path) -> str:
+    """This run folder's identity (made once, on a fresh run): participants' state folders are
+    claimed for it, so no other run can load their inner state."""
+    path = run_dir / "run-id"
+    if path.exists():
+        return path.read_text().strip()
+    rid = uuid.uuid4().hex
+    path.write_text(rid + "\n")
+    return rid
+
+
+def _own_warmstart(cfg: LensembleConfig, folder: Path) -> tuple[Path, str] | None:
+    """The warm start an earlier start of this run trained in ``folder``, if it is there and was
+    made with this config; else None (then it is trained)."""
+    result = folder / "result.json"
+    if not result.exists():
+        return None
+    info = json.loads(result.read_text())
+    # the config train_warmstart trains with (training/warmstart.py): steps = warmstart_steps
+    ws_cfg = cfg.model_copy(update={"train": cfg.train.model_copy(
+        update={"steps": cfg.train.warmstart_steps, "checkpoint_every": 0})})
+    ckpt = folder / "checkpoints" / f"step-{cfg.train.warmstart_steps:06d}"
+    if not (ckpt / "header.json").exists():
+        return None
+    header = read_header(ckpt)
+    if header["content_hash"] != info.get("checkpoint_hash") or header["config_hash"] != ws_cfg.config_hash():
+        return None
+    return ckpt, header["content_hash"]
+
+
+__all__ = ["Coordinator", "check_federation_config"]

@@ -4,7 +4,9 @@ Round t (DESIGN.md §4): load the global weights, run H inner AdamW steps on the
 (the inner optimizer state stays on the silo's disk across rounds), then, in this order
 (INV-ALIGN-BEFORE-RELEASE): backstop alignment of the full weights and re-difference, clip, DP
 noise, int8. The reply carries the encoded pseudo-gradient, the local encoder's (unaligned)
-embeddings of the public probe, and scalars; the egress guard checks it before it leaves.
+embeddings of the public probe, and scalars; the egress guard checks it before it leaves. With
+privacy on it carries the clipped, noised pseudo-gradient and count-only scalars, nothing else
+(docs/federation.md, "Privacy").
 """
 
 from __future__ import annotations
@@ -23,18 +25,22 @@ from lensemble.data.clips import ClipSampler
 from lensemble.data.collect import load_silo
 from lensemble.data.probe import probe_split_for
 from lensemble.data.store import ensure_data, probe_frames
-from lensemble.errors import DegenerateProcrustes
+from lensemble.errors import DegenerateProcrustes, FolderInUse
+from lensemble.federation.locks import lock_folder
 from lensemble.federation.messages import NodeSpec, Reply
-from lensemble.federation.privacy import PrivacyLedger
+from lensemble.federation.privacy import PrivacyLedger, write_durably
 from lensemble.federation.pseudograd import pseudo_gradient
 from lensemble.federation.release import participant_pipeline
 from lensemble.federation.state import federated_keys, to_tensors
+from lensemble.federation.validation import DP_RELEASED_METRICS, check_private_egress
 from lensemble.gauge.anchor import FrameAnchor
 from lensemble.gauge.backstop import align_and_redifference, backstop_metrics
 from lensemble.model.encoder import embed_frames
 from lensemble.model.objective import sketch_for_round, sketch_for_step
 from lensemble.model.world_model import WorldModel, architecture, world_model_from_state
 from lensemble.training.loop import InnerLoop
+
+LEDGER_FILE = "dp-ledger.json"
 
 
 @lru_cache(maxsize=8)
@@ -70,21 +76,55 @@ def _latest_state(state_dir: Path, before_round: int) -> Path | None:
     return found[-1] if found else None
 
 
+OWNER_FILE = "owner.json"
+
+
+def claim_state_dir(state_dir: Path, run_id: str | None) -> None:
+    """Refuse a state folder that holds another run's inner state (``owner.json`` says whose).
+
+    Sequential misuse (a second run pointed at the same ``federation.state_dir`` or SuperNode
+    ``state-dir``) would silently load the other run's optimizer state; the folder lock only
+    catches runs that overlap in time. Without a run id (an old coordinator) nothing is checked.
+    """
+    if not run_id:
+        return
+    path = state_dir / OWNER_FILE
+    if path.exists():
+        owner = json.loads(path.read_text()).get("run_id")
+        if owner != run_id:
+            raise FolderInUse(
+                f"participant state folder {state_dir} belongs to run {owner}, not to this run ({run_id})",
+                remediation="give this run its own federation.state_dir / SuperNode state-dir, "
+                            "or delete the old run's state folder")
+        return
+    path.write_text(json.dumps({"run_id": run_id}) + "\n")
+
+
 def participant_round(cfg: LensembleConfig, node: NodeSpec, global_arrays: dict[str, np.ndarray],
                       round_config: dict, extras: dict[str, np.ndarray] | None = None) -> Reply:
     """Run one DiLoCo round on one silo and return what may leave it.
 
-    ``round_config`` carries "round", "inner-steps" and "probe-hash"; ``extras`` carries the
-    public anchor targets ("anchor-targets" (k, d), "anchor-idx" (k,)) when the anchor is on.
+    ``round_config`` carries "round", "inner-steps", "probe-hash" and (from the real coordinator)
+    "run-id"; ``extras`` carries the public anchor targets ("anchor-targets" (k, d),
+    "anchor-idx" (k,)) when the anchor is on. The silo's state folder is locked for the round
+    (:func:`~lensemble.federation.locks.lock_folder`): one process at a time trains this silo.
     """
+    state_dir = Path(node.state_dir) / node.participant_id
+    # Locked per round rather than per process: Ray hands a virtual node's messages to whichever
+    # actor (process) is free, so the same silo is served by different processes in turn.
+    with lock_folder(state_dir, what="participant state folder"):
+        claim_state_dir(state_dir, round_config.get("run-id"))
+        return _participant_round(cfg, node, state_dir, global_arrays, round_config, extras)
+
+
+def _participant_round(cfg: LensembleConfig, node: NodeSpec, state_dir: Path, global_arrays: dict[str, np.ndarray],
+                       round_config: dict, extras: dict[str, np.ndarray] | None) -> Reply:
     started = time.perf_counter()
     torch.set_num_threads(1)
     t = int(round_config["round"])
     h = int(round_config.get("inner-steps", cfg.federation.inner_steps))
     folder = node.data_path or str(ensure_data(cfg, progress=False)[0])
     probe = probe_frames(folder, str(round_config["probe-hash"]))
-    state_dir = Path(node.state_dir) / node.participant_id
-    state_dir.mkdir(parents=True, exist_ok=True)
 
     global_sd = to_tensors(global_arrays)
     model = world_model_from_state(architecture(cfg.model), global_sd)
@@ -134,16 +174,17 @@ def participant_round(cfg: LensembleConfig, node: NodeSpec, global_arrays: dict[
     priv = cfg.privacy
     if priv.enabled:
         ledger = PrivacyLedger.from_config(priv)
-        ledger_path = state_dir / "dp-ledger.json"
+        ledger_path = state_dir / LEDGER_FILE
         if ledger_path.exists():
             ledger.load_state_dict(json.loads(ledger_path.read_text()))
         ledger.check_release()  # raises PrivacyBudgetExceeded before anything is released
+        # Recorded (on disk, fsync) before the release exists: a crash after this line costs
+        # budget that may not have been spent, never the other way round.
+        epsilon = ledger.step()
+        write_durably(ledger_path, json.dumps(ledger.state_dict()))
     release = participant_pipeline(delta, clip_norm=priv.clip_norm if priv.enabled else None,
                                    noise_multiplier=priv.noise_multiplier if priv.enabled else 0.0,
                                    quantize=cfg.federation.quantize_int8)
-    if priv.enabled:
-        metrics["dp/epsilon"] = ledger.step()
-        ledger_path.write_text(json.dumps(ledger.state_dict()))
     metrics.update({
         "fed/update_norm": release.norm_before_clip,
         "fed/update_bytes": release.nbytes,
@@ -151,9 +192,18 @@ def participant_round(cfg: LensembleConfig, node: NodeSpec, global_arrays: dict[
         "fed/compute_seconds": time.perf_counter() - started,
         "fed/examples": h * cfg.train.batch_size,
     })
-    reply = Reply(t, release.payload, local_emb.numpy().astype(np.float32), metrics)
-    reply.egress()
+    embeddings = local_emb.numpy().astype(np.float32)
+    if priv.enabled:
+        # Only the clipped, noised Δ is covered by ε: the probe embeddings, the losses, the
+        # pre-clip norm and the backstop fit are functions of the silo's data, so they stay home.
+        metrics = {k: v for k, v in metrics.items() if k in DP_RELEASED_METRICS}
+        metrics.update({"dp/epsilon": epsilon, "dp/releases": ledger.releases})
+        embeddings = np.zeros((0, embeddings.shape[1]), dtype=np.float32)
+    reply = Reply(t, release.payload, embeddings, metrics)
+    out = reply.egress()
+    if priv.enabled:
+        check_private_egress(out)
     return reply
 
 
-__all__ = ["participant_round", "round_sketch_fn", "make_anchor"]
+__all__ = ["participant_round", "round_sketch_fn", "make_anchor", "claim_state_dir", "LEDGER_FILE"]

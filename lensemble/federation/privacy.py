@@ -12,13 +12,17 @@ anything leaves — it raises :class:`PrivacyBudgetExceeded` if the release woul
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Mapping
 from copy import deepcopy
+from pathlib import Path
 
 from opacus.accountants import RDPAccountant
 
 from lensemble.errors import ConfigError, PrivacyBudgetExceeded
+from lensemble.federation.messages import participant_id
 
 _STATE_VERSION = 1
 
@@ -79,6 +83,12 @@ class PrivacyLedger:
     def epsilon(self) -> float:
         """ε spent so far at this ledger's δ (0 before the first release)."""
         return self._epsilon_of(self._accountant.history)
+
+    def epsilon_for(self, releases: int) -> float:
+        """ε after ``releases`` releases in all at this ledger's σ, q and δ (its history ignored)."""
+        if releases < 0:
+            raise ValueError(f"releases must be >= 0, got {releases}")
+        return self._epsilon_of([(self.noise_multiplier, self.sample_rate, int(releases))] if releases else [])
 
     def epsilon_after(self, rounds: int = 1) -> float:
         """ε the ledger would report after ``rounds`` *further* releases. Does not change state."""
@@ -145,4 +155,75 @@ class PrivacyLedger:
         self._accountant.history = [(float(s), float(q), int(n)) for s, q, n in state["history"]]
 
 
-__all__ = ["PrivacyLedger"]
+def write_durably(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so that a crash leaves the old or the new file, never a
+    torn one, and the new one is on disk (fsync) before this returns."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    try:  # make the rename itself durable
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+class ReleaseTally:
+    """The coordinator's durable upper bound on how often each silo has released.
+
+    A participant counts its own releases exactly (its ledger, recorded before the reply leaves)
+    and reports the count with every reply (``dp/releases``). The coordinator cannot see a release
+    whose reply was lost (a crash, a late reply, a killed coordinator), so it also counts its own
+    asks, on disk *before* each ask goes out: silo c has released at most
+    ``reported_c + (asks − asks_at_report_c)`` times, and a silo that never replied at most
+    ``asks`` times. The run's ``dp/epsilon`` is ε at the largest such bound over all silos; when
+    every silo answered the latest ask it equals the largest real count. The file
+    (``<run_dir>/privacy.json``) only ever grows: a resumed run continues it, never rolls it back.
+    """
+
+    def __init__(self, path: str | os.PathLike, num_silos: int):
+        self.path = Path(path)
+        self.num_silos = int(num_silos)
+        self.asks = 0
+        self.silos: dict[str, list[int]] = {}  # participant id -> [releases reported, asks then]
+        if self.path.exists():
+            state = json.loads(self.path.read_text())
+            self.asks = int(state["asks"])
+            self.silos = {str(k): [int(v[0]), int(v[1])] for k, v in state["silos"].items()}
+
+    def _save(self) -> None:
+        write_durably(self.path, json.dumps({"version": _STATE_VERSION, "asks": self.asks,
+                                             "silos": self.silos}, sort_keys=True) + "\n")
+
+    def before_ask(self) -> None:
+        """Count one ask of every silo; on disk before anything is sent."""
+        self.asks += 1
+        self._save()
+
+    def record(self, participant_id: str, releases: int) -> None:
+        """A reply from ``participant_id`` said it has released ``releases`` times in all."""
+        old = self.silos.get(participant_id, [0, 0])[0]
+        self.silos[participant_id] = [max(int(releases), old), self.asks]
+        self._save()
+
+    def bound(self) -> int:
+        """The largest number of releases any silo may have made (see the class docstring)."""
+        worst = 0
+        for c in range(self.num_silos):
+            got = self.silos.get(participant_id(c))
+            worst = max(worst, self.asks if got is None else got[0] + self.asks - got[1])
+        return worst
+
+    def state_dict(self) -> dict:
+        return {"asks": self.asks, "silos": {k: list(v) for k, v in sorted(self.silos.items())},
+                "bound": self.bound()}
+
+
+__all__ = ["PrivacyLedger", "ReleaseTally", "write_durably"]

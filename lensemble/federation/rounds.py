@@ -16,8 +16,12 @@ global unchanged, then the error propagates. Any other exception (a fail-closed 
 ResidencyViolation or PrivacyBudgetExceeded, a broken invariant) propagates at once.
 
 The coordinator is duck-typed: ``num_rounds``, ``next_round``, ``round_config(t)``,
-``global_arrays()``, optional ``extras`` (public side inputs, e.g. anchor targets),
+``global_arrays()``, optional ``extras`` (public side inputs, e.g. anchor targets), optional
+``before_ask(t)`` (called just before every ask: the DP tally counts asks durably),
 ``close_round(t, replies, failures, wire_bytes=, seconds=)`` and ``finish()``; tests drive fakes.
+
+Failures are phrases that read after the participant id ("did not reply within 5 s",
+"failed: RoundError [round_failed]"), so the round line and the quorum error say what happened.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import numpy as np
 
 from lensemble.config.schema import FederationConfig
 from lensemble.errors import FaultToleranceExceeded
-from lensemble.federation.validation import retry_or_raise
+from lensemble.federation.validation import describe_failures, retry_or_raise
 
 
 @dataclass
@@ -66,7 +70,10 @@ def drive_rounds(coordinator: Any, ask: AskFn, federation: FederationConfig, *, 
         while True:
             started = time.monotonic()
             try:
-                answers = ask(t, coordinator.round_config(t), coordinator.global_arrays(),
+                round_config = coordinator.round_config(t)
+                if hasattr(coordinator, "before_ask"):
+                    coordinator.before_ask(t)  # e.g. the DP tally counts the ask before it goes out
+                answers = ask(t, round_config, coordinator.global_arrays(),
                               dict(getattr(coordinator, "extras", None) or {}), federation.round_timeout_s)
                 seconds = time.monotonic() - started
                 metrics = coordinator.close_round(t, answers.replies, answers.failures,
@@ -76,7 +83,7 @@ def drive_rounds(coordinator: Any, ask: AskFn, federation: FederationConfig, *, 
                 say(f"round {t + 1}/{total} attempt {attempt} failed: {err.message}")
                 retry_or_raise(err, attempt, federation.round_retries)  # re-raises when spent
                 attempt += 1
-        say(_round_line(t, total, attempt, answers, metrics, seconds))
+        say(_round_line(t, total, attempt, answers, metrics, seconds, federation.min_participants))
     summary = coordinator.finish()
     say(f"federation finished: {total} rounds")
     return summary
@@ -99,7 +106,8 @@ def _human_bytes(n: float) -> str:
     return f"{n:.1f} {unit}"
 
 
-def _round_line(t: int, total: int, attempt: int, answers: Answers, metrics: dict, seconds: float) -> str:
+def _round_line(t: int, total: int, attempt: int, answers: Answers, metrics: dict, seconds: float,
+                quorum: int) -> str:
     wire = answers.wire_bytes if answers.wire_bytes is not None else metrics.get("fed/comm_bytes", 0)
     retry = f" (attempt {attempt})" if attempt > 1 else ""
     line = (f"round {t + 1}/{total}{retry}: {len(answers.replies)}/{answers.asked} replies, "
@@ -108,8 +116,11 @@ def _round_line(t: int, total: int, attempt: int, answers: Answers, metrics: dic
         line += f", drift {metrics['gauge/drift_angle_deg']:.1f}°"
     if "loss/pred" in metrics:
         line += f", pred loss {metrics['loss/pred']:.3f}"
-    for who, why in sorted(answers.failures.items()):
-        line += f"\n[lensemble]   {who} failed: {why}"
+    if answers.failures:
+        # Say what happened, then who carried the round: "silo-1 did not reply within 5 s;
+        # quorum 1 met by silo-0".
+        line += f"\n[lensemble]   {describe_failures(answers.failures)}; quorum {quorum} met by " + \
+            ", ".join(sorted(answers.replies))
     return line
 
 

@@ -36,11 +36,14 @@ class Update:
 
     ``payload``: the codec form of Δ (:mod:`lensemble.federation.codec`).
     ``round_index``: the round the participant says it trained for.
+    ``probe_embeddings``: its (P, d) embeddings of the public probe, checked when
+    :func:`validate_updates` is given an ``embedding_shape``.
     """
 
     participant_id: ParticipantId
     round_index: int
     payload: Mapping[str, np.ndarray]
+    probe_embeddings: np.ndarray | None = None
 
 
 @dataclass
@@ -67,17 +70,33 @@ def validate_delta(delta: Mapping[str, torch.Tensor], template: Mapping[str, tor
     return None
 
 
+def validate_embeddings(embeddings, shape: tuple[int, int]) -> str | None:
+    """Why a reply's probe embeddings are unusable, or ``None``: must be a finite float array of
+    exactly ``shape`` (|P|, d) — (0, d) when privacy withholds them."""
+    if not isinstance(embeddings, np.ndarray):
+        return f"probe embeddings are a {type(embeddings).__name__}, not an array"
+    if tuple(embeddings.shape) != tuple(shape):
+        return f"probe embeddings have shape {tuple(embeddings.shape)}, expected {tuple(shape)}"
+    if embeddings.dtype.kind != "f":
+        return f"probe embeddings have dtype {embeddings.dtype}, expected a float type"
+    if not bool(np.isfinite(embeddings).all()):
+        return "probe embeddings hold non-finite values"
+    return None
+
+
 def validate_updates(
     updates: Iterable[Update],
     *,
     template: Mapping[str, torch.Tensor],
     round_index: int,
     max_update_mb: float,
+    embedding_shape: tuple[int, int] | None = None,
 ) -> ValidationResult:
     """Decode and screen this round's updates against the global ``template``.
 
     Checks, cheapest first: duplicate participant, round index, payload keys, wire size
-    (> ``max_update_mb`` MiB), dtype and element count, then finiteness. Each rejection is
+    (> ``max_update_mb`` MiB), dtype and element count, finiteness, then (with
+    ``embedding_shape``) the probe embeddings' shape and finiteness. Each rejection is
     logged at WARNING with its reason and returned; accepted Δ are keyed by participant id.
     A participant that replies twice keeps its first verdict; the second reply is dropped.
     """
@@ -118,6 +137,8 @@ def validate_updates(
             reject(pid, f"malformed payload: {exc}")
             continue
         reason = validate_delta(delta, template)
+        if reason is None and embedding_shape is not None:
+            reason = validate_embeddings(upd.probe_embeddings, embedding_shape)
         if reason is not None:
             reject(pid, reason)
             continue
@@ -125,12 +146,23 @@ def validate_updates(
     return result
 
 
-def require_quorum(n_accepted: int, min_participants: int, *, round_index: int | None = None) -> None:
-    """Raise :class:`FaultToleranceExceeded` when fewer than ``min_participants`` updates survived."""
+def describe_failures(failures: Mapping[str, str]) -> str:
+    """``"silo-1 did not reply within 5 s; silo-2 failed: RoundError [round_failed]"``."""
+    return "; ".join(f"{who} {why}" for who, why in sorted(failures.items()))
+
+
+def require_quorum(n_accepted: int, min_participants: int, *, round_index: int | None = None,
+                   failures: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`FaultToleranceExceeded` when fewer than ``min_participants`` updates survived.
+
+    ``failures`` (participant id -> what happened, a phrase such as "did not reply within 5 s")
+    goes into the message, so it says what happened rather than only blaming the quorum.
+    """
     if n_accepted < min_participants:
         where = f"round {round_index}: " if round_index is not None else ""
+        what = f" ({describe_failures(failures)})" if failures else ""
         raise FaultToleranceExceeded(
-            f"{where}{n_accepted} valid update(s), quorum is {min_participants}",
+            f"{where}{n_accepted} valid update(s), quorum is {min_participants}{what}",
             accepted=n_accepted,
             min_participants=min_participants,
         )
@@ -199,8 +231,32 @@ def check_egress(reply: Mapping[str, object]) -> None:
                 )
 
 
+# What a reply may carry when privacy is on: scalars that depend only on the config and on how
+# often this silo has released (never on its data). Everything else is withheld (docs: Privacy).
+DP_RELEASED_METRICS = frozenset({"dp/epsilon", "dp/releases", "fed/update_bytes", "fed/inner_steps",
+                                 "fed/examples"})
+
+
+def check_private_egress(reply: Mapping[str, object]) -> None:
+    """The egress rule under DP: only the clipped, noised delta is data-dependent.
+
+    Raises :class:`ResidencyViolation` (fail-closed) when a reply built with privacy on carries
+    probe embeddings (any row) or a metric outside :data:`DP_RELEASED_METRICS`.
+    """
+    emb = reply.get("probe_embeddings")
+    if emb is not None and (not hasattr(emb, "shape") or len(emb.shape) != 2 or emb.shape[0] != 0):
+        raise ResidencyViolation("with privacy on, probe embeddings must be withheld (a (0, d) array)")
+    extra = sorted(str(k) for k in dict(reply.get("metrics") or {}) if k not in DP_RELEASED_METRICS)
+    if extra:
+        raise ResidencyViolation(f"with privacy on, metrics {extra} would leave un-noised")
+
+
 __all__ = [
     "BYTES_PER_MB",
+    "DP_RELEASED_METRICS",
+    "check_private_egress",
+    "describe_failures",
+    "validate_embeddings",
     "EGRESS_KEYS",
     "Update",
     "ValidationResult",

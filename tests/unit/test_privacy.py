@@ -7,11 +7,13 @@ import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
-from lensemble.config.seeds import torch_generator
+import numpy as np
+
+from lensemble.config.seeds import numpy_rng
 from lensemble.errors import ConfigError, PrivacyBudgetExceeded, RoundError
-from lensemble.federation.privacy import PrivacyLedger
-from lensemble.federation.pseudograd import clip, l2_norm
-from lensemble.federation.release import participant_pipeline
+from lensemble.federation.privacy import PrivacyLedger, ReleaseTally
+from lensemble.federation.pseudograd import clip, flatten, l2_norm
+from lensemble.federation.release import participant_pipeline, secure_standard_normal
 
 
 def _delta(scale: float = 5.0) -> dict[str, torch.Tensor]:
@@ -97,8 +99,8 @@ def test_noise_is_not_reproducible_and_clip_bound_holds():
     assert r1.noise_std == 1.0
     assert not torch.equal(r1.delta["w"], r2.delta["w"])
     # and not the stream the run seed would give: replaying with a seed-derived generator differs
-    r3 = participant_pipeline(d, clip_norm=1.0, noise_multiplier=1.0, rng=torch_generator(0, "dp"))
-    r4 = participant_pipeline(d, clip_norm=1.0, noise_multiplier=1.0, rng=torch_generator(0, "dp"))
+    r3 = participant_pipeline(d, clip_norm=1.0, noise_multiplier=1.0, rng=numpy_rng(0, "dp"))
+    r4 = participant_pipeline(d, clip_norm=1.0, noise_multiplier=1.0, rng=numpy_rng(0, "dp"))
     assert torch.equal(r3.delta["w"], r4.delta["w"])
     assert not torch.equal(r1.delta["w"], r3.delta["w"])
 
@@ -122,3 +124,63 @@ def test_pipeline_refuses_non_finite_and_noise_without_clip():
         participant_pipeline(bad, clip_norm=1.0)
     with pytest.raises(ValueError):
         participant_pipeline(_delta(), noise_multiplier=1.0)
+
+
+def test_secure_noise_is_float64_standard_normal_from_the_os():
+    a, b = secure_standard_normal(200_001), secure_standard_normal(200_001)
+    assert a.dtype == np.float64 and a.shape == (200_001,)
+    assert not np.array_equal(a, b)  # never replayable
+    assert abs(a.mean()) < 0.01 and abs(a.std() - 1.0) < 0.01
+    # tails of a Gaussian, not of a uniform: ~0.27 % beyond 3σ
+    assert 0.002 < float(np.mean(np.abs(a) > 3.0)) < 0.0035
+    # the draws carry the low bits a float32 draw lacks
+    assert np.any(a.astype(np.float32).astype(np.float64) != a)
+
+
+def test_noise_is_added_in_float64_then_rounded_once():
+    d = _delta(5.0)
+    std = 0.7 * 1.0
+    seen = {}
+
+    def noise(n):
+        seen["z"] = numpy_rng(3, "noise").standard_normal(n)
+        return seen["z"]
+
+    rel = participant_pipeline(d, clip_norm=1.0, noise_multiplier=0.7, rng=noise)
+    clipped, _ = clip({k: v.float() for k, v in d.items()}, 1.0)
+    flat, _ = flatten(clipped)
+    expected = (flat.double().numpy() + seen["z"] * std).astype(np.float32)
+    got, _ = flatten(rel.delta)
+    np.testing.assert_array_equal(got.numpy(), expected)
+    assert rel.noise_std == pytest.approx(std)
+
+
+# -- the coordinator's tally ------------------------------------------------------------------------
+
+
+def test_tally_bounds_every_silo_and_survives_a_restart(tmp_path):
+    path = tmp_path / "privacy.json"
+    tally = ReleaseTally(path, num_silos=2)
+    assert tally.bound() == 0
+    tally.before_ask()                       # round 0 asked
+    assert tally.bound() == 1                # nobody answered yet: each may have released once
+    tally.record("silo-0", 1)
+    tally.record("silo-1", 1)
+    assert tally.bound() == 1
+    tally.before_ask()                       # round 1 asked, the coordinator dies before any reply
+    again = ReleaseTally(path, num_silos=2)  # a restarted coordinator reads the file
+    assert again.bound() == 2
+    again.before_ask()                       # round 1 asked again: silo-1 really released 3 times
+    again.record("silo-1", 3)
+    assert again.bound() == 3                # silo-0's bound 1 + 2 unanswered asks = 3 as well
+    again.record("silo-0", 2)                # silo-0 answered only the re-sent ask
+    assert again.bound() == 3                # the largest real count
+    assert json.loads(path.read_text())["asks"] == 3
+
+
+def test_epsilon_for_a_count_matches_the_history():
+    ledger = PrivacyLedger(noise_multiplier=1.0, delta=1e-5)
+    for n in range(1, 4):
+        ledger.step()
+        assert ledger.epsilon_for(n) == pytest.approx(ledger.epsilon(), rel=1e-12)
+    assert ledger.epsilon_for(0) == 0.0

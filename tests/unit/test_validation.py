@@ -11,6 +11,7 @@ from lensemble.federation.codec import encode_delta
 from lensemble.federation.validation import (
     Update,
     check_egress,
+    check_private_egress,
     require_quorum,
     retry_or_raise,
     validate_updates,
@@ -93,3 +94,42 @@ def test_egress_allows_the_three_named_things():
 def test_egress_refuses_anything_else(reply):
     with pytest.raises(ResidencyViolation):
         check_egress(reply)
+
+
+def test_bad_probe_embeddings_drop_only_that_reply():
+    """Case 4: NaN or wrong-shaped embeddings with a valid delta cost that reply, with a reason."""
+    good = np.zeros((8, 4), np.float32)
+    nan = good.copy()
+    nan[3, 1] = np.nan
+    updates = [
+        Update("ok", 2, encode_delta(_delta()), good),
+        Update("nan", 2, encode_delta(_delta()), nan),
+        Update("shape", 2, encode_delta(_delta()), np.zeros((7, 4), np.float32)),
+        Update("dtype", 2, encode_delta(_delta()), np.zeros((8, 4), np.int64)),
+        Update("missing", 2, encode_delta(_delta()), None),
+    ]
+    res = validate_updates(updates, template=_global(), round_index=2, max_update_mb=1.0,
+                           embedding_shape=(8, 4))
+    assert sorted(res.accepted) == ["ok"]
+    reasons = dict(res.rejected)
+    assert "non-finite" in reasons["nan"]
+    assert "(7, 4), expected (8, 4)" in reasons["shape"]
+    assert "dtype" in reasons["dtype"] and "not an array" in reasons["missing"]
+
+
+def test_quorum_error_says_what_happened():
+    with pytest.raises(FaultToleranceExceeded) as info:
+        require_quorum(0, 1, round_index=2, failures={"silo-1": "did not reply within 5 s",
+                                                      "silo-0": "is still busy with round 1; not asked"})
+    assert "silo-1 did not reply within 5 s" in info.value.message
+    assert "silo-0 is still busy with round 1" in info.value.message
+
+
+def test_private_egress_allows_only_the_noised_delta_and_counts():
+    check_private_egress({"probe_embeddings": np.zeros((0, 4), np.float32),
+                          "metrics": {"dp/epsilon": 4.7, "dp/releases": 1, "fed/update_bytes": 120}})
+    with pytest.raises(ResidencyViolation, match="embeddings"):
+        check_private_egress({"probe_embeddings": np.zeros((8, 4), np.float32), "metrics": {}})
+    for leak in ("loss/pred", "fed/update_norm", "gauge/backstop_angle_deg", "fed/compute_seconds"):
+        with pytest.raises(ResidencyViolation, match=leak):
+            check_private_egress({"probe_embeddings": np.zeros((0, 4), np.float32), "metrics": {leak: 0.1}})

@@ -9,13 +9,18 @@ reply with only ``delta``, ``probe`` and ``metrics``
 (:func:`~lensemble.federation.flower.records.reply_to_content` enforces that).
 
 Any exception, ResidencyViolation included, becomes a Flower error reply; the coordinator counts
-it as a failure for this round. Flower's CLI loads the module-level ``app``; Python launchers call
-:func:`make_client_app` with the run configuration baked in.
+it as a failure for this round (a fail-closed one stops the run). Only the exception's class and
+code leave the node: its message can hold private values, so it is logged here, at the site, and
+re-raised as the same class with a message that names nothing but the class
+(:func:`sanitised`). With privacy on, the reply must also pass
+:func:`~lensemble.federation.validation.check_private_egress`. Flower's CLI loads the module-level
+``app``; Python launchers call :func:`make_client_app` with the run configuration baked in.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,7 +30,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from lensemble.config.schema import LensembleConfig, validate_config
-from lensemble.errors import ConfigError
+from lensemble.errors import ConfigError, LensembleError, ParticipantFailed
 from lensemble.federation.flower import merge_run_config
 from lensemble.federation.flower.records import (
     ARRAYS,
@@ -37,6 +42,9 @@ from lensemble.federation.flower.records import (
 )
 from lensemble.federation.messages import NodeSpec
 from lensemble.federation.participant import participant_round
+from lensemble.federation.validation import check_private_egress
+
+log = logging.getLogger(__name__)
 
 PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
@@ -59,21 +67,25 @@ def config_from_round(round_config: Mapping[str, Any]) -> LensembleConfig:
     return validate_config(json.loads(blob))
 
 
-def default_state_dir(cfg: LensembleConfig, run_config: Mapping[str, Any]) -> Path:
+def default_state_dir(cfg: LensembleConfig, run_config: Mapping[str, Any], run_id: str | None = None) -> Path:
     """Where participants keep local state when the node config names no ``state-dir``.
 
     ``node-state-dir`` baked in by a Python launcher (simulation: the coordinator's
-    ``<run>/nodes``), else ``federation.state_dir``, else ``~/.cache/lensemble/state/<config hash>``
-    on the node's own disk. The participant adds a per-participant folder below it.
+    ``<run>/nodes``), else ``federation.state_dir``, else
+    ``~/.cache/lensemble/state/<config hash>[-<run id>]`` on the node's own disk (the run id, sent
+    by the coordinator, keeps two runs of one config apart). The participant adds a
+    per-participant folder below it.
     """
     if run_config.get("node-state-dir"):
         return Path(str(run_config["node-state-dir"]))
     if cfg.federation.state_dir:
         return Path(cfg.federation.state_dir)
-    return Path.home() / ".cache" / "lensemble" / "state" / cfg.config_hash()[:12]
+    name = cfg.config_hash()[:12] + (f"-{str(run_id)[:12]}" if run_id else "")
+    return Path.home() / ".cache" / "lensemble" / "state" / name
 
 
-def node_spec(context: Context, cfg: LensembleConfig, run_config: Mapping[str, Any]) -> NodeSpec:
+def node_spec(context: Context, cfg: LensembleConfig, run_config: Mapping[str, Any],
+              run_id: str | None = None) -> NodeSpec:
     """This node's ``NodeSpec`` from its node config (see :func:`default_state_dir`)."""
     nc = context.node_config
     if PARTITION_ID not in nc:
@@ -92,22 +104,54 @@ def node_spec(context: Context, cfg: LensembleConfig, run_config: Mapping[str, A
                           f"data.num_silos={cfg.data.num_silos}",
                           remediation="fix the node's --node-config or the run's data.num_silos")
     data_path = str(nc[DATA_PATH]) if nc.get(DATA_PATH) else None
-    state_dir = Path(str(nc[STATE_DIR])) if nc.get(STATE_DIR) else default_state_dir(cfg, run_config)
+    state_dir = Path(str(nc[STATE_DIR])) if nc.get(STATE_DIR) else default_state_dir(cfg, run_config, run_id)
     state_dir.mkdir(parents=True, exist_ok=True)
     return NodeSpec(partition_id=pid, data_path=data_path, state_dir=str(state_dir))
 
 
+MARKER = "lensemble-error:"
+
+
+def sanitised(exc: BaseException) -> LensembleError:
+    """``exc`` as it may leave the node: the same Lensemble class (so a fail-closed error still
+    stops the run) or :class:`~lensemble.errors.ParticipantFailed` for any other exception, whose
+    message is only a marker naming the class (``lensemble-error:RoundError``,
+    ``lensemble-error:ParticipantFailed:KeyError``) and the class's default remediation. The
+    server reads the marker wherever the runtime embeds the message
+    (:func:`~lensemble.federation.flower.transport.error_reason_label`)."""
+    if isinstance(exc, LensembleError):
+        try:
+            return type(exc)(f"{MARKER}{type(exc).__name__}")
+        except TypeError:  # a subclass with its own constructor
+            pass
+    return ParticipantFailed(f"{MARKER}ParticipantFailed:{type(exc).__name__}")
+
+
 def handle_train(msg: Message, context: Context, participant: Callable = participant_round,
                  baked: Mapping[str, Any] | None = None) -> Message:
-    """One participant round for one "train" message; returns the guarded reply."""
+    """One participant round for one "train" message; returns the guarded reply.
+
+    Raises only :func:`sanitised` errors (the full one is logged on this node).
+    """
+    try:
+        return _handle_train(msg, context, participant, baked)
+    except Exception as exc:
+        log.error("participant round failed on this node", exc_info=True)  # stays at the site
+        raise sanitised(exc) from None
+
+
+def _handle_train(msg: Message, context: Context, participant: Callable,
+                  baked: Mapping[str, Any] | None) -> Message:
     _single_thread()
     run_config = merge_run_config(context.run_config, baked)
     global_arrays = record_to_arrays(msg.content[ARRAYS])
     round_config = record_to_config(msg.content[CONFIG])
     cfg = config_from_round(round_config)
-    node = node_spec(context, cfg, run_config)
+    node = node_spec(context, cfg, run_config, run_id=round_config.get("run-id"))
     extras = record_to_arrays(msg.content[EXTRAS]) if EXTRAS in msg.content else None  # e.g. anchor targets
     reply = participant(cfg, node, global_arrays, round_config, extras)
+    if cfg.privacy.enabled:  # whatever participant function ran, the DP egress rule holds here
+        check_private_egress({"probe_embeddings": reply.probe_embeddings, "metrics": reply.metrics})
     return Message(reply_to_content(reply, partition_id=node.partition_id), reply_to=msg)
 
 
@@ -129,4 +173,5 @@ def make_client_app(participant: Callable = participant_round, *,
 
 app = make_client_app()
 
-__all__ = ["app", "make_client_app", "handle_train", "node_spec", "default_state_dir", "config_from_round"]
+__all__ = ["app", "make_client_app", "handle_train", "node_spec", "default_state_dir", "config_from_round",
+           "sanitised", "MARKER"]

@@ -2,9 +2,12 @@
 
 For tests and CI on small machines. Each virtual node has its own ``Context`` (``node_config``
 with ``partition-id`` and ``num-partitions`` like Flower's simulation engine, plus any extra keys
-such as ``data-path``) and its own ``context.state`` that persists across rounds. Messages run on
-a thread pool, one at a time per node, so ``send_and_receive(timeout=...)`` returns on time while
-a slow node is still working; its late reply is dropped, as a SuperLink would. Every message
+such as ``data-path``) and its own ``context.state`` that persists across rounds. Each node has
+its own daemon worker thread and handles one message at a time, like a SuperNode, so a hung node
+never delays another node's messages and never keeps the process alive after the run;
+``send_and_receive(timeout=...)`` returns on time while a slow node is still working, and its late
+reply is dropped, as a SuperLink would. A message pushed with :meth:`push_messages` stays
+pullable until its reply has been pulled, so a caller can learn when a late node is free. Every message
 crosses a protobuf round trip in each direction, so content that could not travel over a real
 link fails here too. An exception in the ClientApp becomes an error reply in the same format as
 Flower's runtimes (``"<class 'X'>:<'message'>"``).
@@ -23,11 +26,11 @@ Flower internals used (1.42.0), all confined to this file:
 from __future__ import annotations
 
 import itertools
+import queue
 import random
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import uuid4
 
@@ -63,7 +66,7 @@ class LocalGrid(Grid):
     def __init__(self, client_app: ClientApp, num_nodes: int, *,
                  node_configs: list[Mapping[str, Any]] | None = None,
                  run_config: Mapping[str, Any] | None = None,
-                 max_workers: int | None = None, seed: int = 0) -> None:
+                 seed: int = 0) -> None:
         if num_nodes < 1:
             raise ValueError("num_nodes must be >= 1")
         if node_configs is not None and len(node_configs) != num_nodes:
@@ -80,9 +83,13 @@ class LocalGrid(Grid):
             self.contexts[nid] = Context(run_id=self._run.run_id, node_id=nid, node_config=node_config,
                                          state=RecordDict(), run_config=dict(self.run_config))
         self.offline: set[int] = set()  # tests may take nodes offline
-        self._node_locks = {nid: threading.Lock() for nid in self._node_ids}
-        self._pool = ThreadPoolExecutor(max_workers=max_workers or num_nodes,
-                                        thread_name_prefix="lensemble-node")
+        # One inbox and one daemon thread per node: a node runs one message at a time, and a
+        # node stuck in its ClientApp blocks only itself (daemon: never the interpreter's exit).
+        self._inbox: dict[int, queue.Queue] = {nid: queue.Queue() for nid in self._node_ids}
+        self._workers = {nid: threading.Thread(target=self._serve, args=(nid,), daemon=True,
+                                               name=f"lensemble-node-{i}")
+                         for i, nid in enumerate(self._node_ids)}
+        self.pull_interval = POLL_S
         self._lock = threading.Condition()
         self._awaited: set[str] = set()
         self._replies: dict[str, Message] = {}
@@ -92,6 +99,8 @@ class LocalGrid(Grid):
         TaskIdentity.node_id = SUPERLINK_NODE_ID
         TaskIdentity.task_id = next(self._task_ids)
         self._closed = False
+        for worker in self._workers.values():
+            worker.start()
 
     # --- Grid API -----------------------------------------------------------------------------
     def set_run(self, run: Run) -> None:
@@ -117,8 +126,10 @@ class LocalGrid(Grid):
             wire = _wire_copy(msg)
             mid = _set_id(wire)
             with self._lock:
+                if self._closed:
+                    raise RuntimeError("the grid is closed")
                 self._awaited.add(mid)
-            self._pool.submit(self._deliver, wire)
+            self._inbox[nid].put(wire)
             ids.append(mid)
         return ids
 
@@ -149,31 +160,39 @@ class LocalGrid(Grid):
         return got
 
     # --- node side ----------------------------------------------------------------------------
+    def _serve(self, nid: int) -> None:
+        inbox = self._inbox[nid]
+        while True:
+            msg = inbox.get()
+            if msg is None or self._closed:
+                return
+            self._deliver(msg)
+
     def _deliver(self, msg: Message) -> None:
         nid = msg.metadata.dst_node_id
-        with self._node_locks[nid]:  # a node handles one message at a time, like a SuperNode
-            with self._lock:
-                abandoned = self._closed or msg.metadata.message_id not in self._awaited
-            if abandoned:
-                return
-            if nid in self.offline:
-                return  # an offline node never answers
-            if time.time() > msg.metadata.created_at + msg.metadata.ttl:
-                reply = Message(Error(code=ErrorCode.MESSAGE_UNAVAILABLE, reason="message expired"),
-                                reply_to=msg)
-            else:
-                try:
-                    reply = self.client_app(message=msg, context=self.contexts[nid])
-                except Exception as exc:  # the ClientApp runtimes report, never raise
-                    reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
-                                          reason=f"{type(exc)}:<'{exc}'>"), reply_to=msg)
+        # runs on the node's own thread: one message at a time, like a SuperNode
+        with self._lock:
+            abandoned = self._closed or msg.metadata.message_id not in self._awaited
+        if abandoned:
+            return
+        if nid in self.offline:
+            return  # an offline node never answers
+        if time.time() > msg.metadata.created_at + msg.metadata.ttl:
+            reply = Message(Error(code=ErrorCode.MESSAGE_UNAVAILABLE, reason="message expired"),
+                            reply_to=msg)
+        else:
             try:
-                wire = _wire_copy(reply)
-            except Exception as exc:
-                wire = _wire_copy(Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
-                                                reason=f"reply cannot be serialised: {exc}"),
-                                          reply_to=msg))
-            _set_id(wire)
+                reply = self.client_app(message=msg, context=self.contexts[nid])
+            except Exception as exc:  # the ClientApp runtimes report, never raise
+                reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                      reason=f"{type(exc)}:<'{exc}'>"), reply_to=msg)
+        try:
+            wire = _wire_copy(reply)
+        except Exception as exc:
+            wire = _wire_copy(Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                            reason=f"reply cannot be serialised: {exc}"),
+                                      reply_to=msg))
+        _set_id(wire)
         with self._lock:
             if msg.metadata.message_id in self._awaited:
                 self._replies[msg.metadata.message_id] = wire
@@ -181,12 +200,23 @@ class LocalGrid(Grid):
 
     # --- lifecycle ----------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop delivering, do not wait for running ClientApps, restore TaskIdentity."""
-        if self._closed:
-            return
-        self._closed = True
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop delivering, do not wait for running ClientApps, restore TaskIdentity.
+
+        Idle node threads end at once; a node stuck in its ClientApp ends when that returns (it
+        is a daemon thread, so it never holds the process open).
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._lock.notify_all()
+        for inbox in self._inbox.values():
+            inbox.put(None)
         (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id) = self._saved_identity
+
+    def alive_threads(self) -> list[threading.Thread]:
+        """Node threads still running (a hung ClientApp's, after close)."""
+        return [w for w in self._workers.values() if w.is_alive()]
 
     def __enter__(self) -> LocalGrid:
         return self

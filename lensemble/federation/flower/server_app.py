@@ -7,8 +7,11 @@ framework-free engine uses; this app supplies only how to ask the participants
 
 from __future__ import annotations
 
+import gc
 import json
 import shlex
+import sys
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,28 +42,66 @@ def resolve_run_dir(cfg: LensembleConfig, run_config: Mapping[str, Any]) -> Path
 
 def make_server_app(coordinator: Callable[..., Any] = Coordinator, *,
                     run_config: Mapping[str, Any] | None = None,
-                    on_finish: Callable[[dict], None] | None = None) -> ServerApp:
+                    on_finish: Callable[[dict], None] | None = None,
+                    on_exit: Callable[[], None] | None = None,
+                    cancel: threading.Event | None = None) -> ServerApp:
     """A ServerApp that runs ``coordinator(cfg, run_dir, progress=...)``'s remaining rounds.
 
     ``run_config`` is laid over ``context.run_config`` (Flower's deprecated ``run_simulation``
-    leaves the latter empty); ``on_finish`` receives the coordinator's summary.
+    leaves the latter empty); ``on_finish`` receives the coordinator's summary; ``on_exit`` runs
+    when the app ends, however it ends; ``cancel`` (set by a launcher, e.g. on Ctrl-C) ends the
+    rounds at the next wait. When the app ends inside a Ray simulation, actors still running a
+    message (hung clients) are killed (:func:`stop_busy_ray_actors`), or Flower's simulation
+    runtime would wait for them forever.
     """
     baked = dict(run_config or {})
     server = ServerApp()
 
     @server.main()
     def main(grid: Grid, context: Context) -> None:
-        rc = merge_run_config(context.run_config, baked)
-        cfg = resolve_config(rc)
-        progress = bool(rc["progress"])
-        coord = coordinator(cfg, resolve_run_dir(cfg, rc), progress=progress)
-        summary = drive_rounds(coord, GridAsk(grid, cfg), cfg.federation, progress=progress)
-        if on_finish is not None:
-            on_finish(summary)
+        try:
+            rc = merge_run_config(context.run_config, baked)
+            cfg = resolve_config(rc)
+            progress = bool(rc["progress"])
+            coord = coordinator(cfg, resolve_run_dir(cfg, rc), progress=progress)
+            summary = drive_rounds(coord, GridAsk(grid, cfg, cancel=cancel), cfg.federation, progress=progress)
+            if on_finish is not None:
+                on_finish(summary)
+        finally:
+            stop_busy_ray_actors()
+            if on_exit is not None:
+                on_exit()
 
     return server
 
 
+def stop_busy_ray_actors() -> int:
+    """In a Ray simulation process: kill the actors still running a message; return how many.
+
+    Flower 1.42's simulation runtime hands each message to an actor of its RayBackend's pool and
+    waits for the result on a worker thread; a client that never returns keeps that thread (and
+    so the whole ``flwr-simulation`` process, and ``flwr run``) waiting after the ServerApp has
+    finished. Killing the busy actors makes those waits fail, the runtime then stops as usual.
+    Flower internals (``raybackend.RayBackend``, ``pool._future_to_actor``), confined here; a no-op
+    where Ray is not running in this process (in-process grid, SuperLink deployments).
+    """
+    module = sys.modules.get("flwr.server.superlink.fleet.vce.backend.raybackend")
+    ray = sys.modules.get("ray")
+    if module is None or ray is None or not ray.is_initialized():
+        return 0
+    killed = 0
+    backends = [o for o in gc.get_objects() if isinstance(o, module.RayBackend)]
+    for backend in backends:
+        pool = getattr(backend, "pool", None)
+        for actor in list(getattr(pool, "_future_to_actor", {}).values()):
+            try:
+                ray.kill(actor, no_restart=True)
+                killed += 1
+            except Exception:  # already gone
+                pass
+    return killed
+
+
 app = make_server_app()
 
-__all__ = ["app", "make_server_app", "resolve_config", "resolve_run_dir"]
+__all__ = ["app", "make_server_app", "resolve_config", "resolve_run_dir", "stop_busy_ray_actors"]

@@ -2,18 +2,26 @@
 
 One attempt at round t:
 
-1. wait, at most the round deadline, until ``federation.min_participants`` nodes are online (and
-   briefly longer for the rest of the ``data.num_silos`` sites);
-2. send every node one "train" message: the global arrays (ArrayRecord ``arrays``), the round
+1. collect what came back for earlier messages still outstanding (a node that missed a deadline
+   stays *busy* until a reply of its own arrives, or until it drops off the grid), and drop it:
+   a late reply never enters a later round;
+2. wait, at most the round deadline, until ``federation.min_participants`` nodes that are not
+   busy are online (and briefly longer for the rest of the ``data.num_silos`` sites);
+3. send every such node one "train" message: the global arrays (ArrayRecord ``arrays``), the round
    config (ConfigRecord ``config``) and, if the coordinator has them, public side inputs
    (ArrayRecord ``extras``, e.g. anchor targets), with a TTL just above the deadline so a stale
-   instruction is never executed late;
-3. ``grid.send_and_receive(..., timeout=deadline)``: a dead or slow node costs this one
-   deadline, never a hang;
-4. sort the replies into Reply objects keyed by participant id, and failures with a reason:
+   instruction is never executed late. A busy node gets nothing: a hung node costs one deadline,
+   then its silo is reported "still busy" each round without delaying anyone;
+4. pull replies until all have arrived or the deadline passes (``push_messages`` /
+   ``pull_messages``, so the ids of the unanswered ones are remembered for step 1);
+5. sort the replies into Reply objects keyed by participant id, and failures with a reason:
    error replies, missing replies, malformed or disallowed replies — except a participant's
    fail-closed error (ResidencyViolation, PrivacyBudgetExceeded, ...), which is raised here and
-   stops the run as it does in the framework-free engine.
+   stops the run as it does in the framework-free engine. An error reply is reported by its
+   class and code only (``failed: RoundError [round_failed]``): its text came from a silo.
+
+``cancel`` (a threading.Event) ends any wait at once with a RoundError: the Ray launcher sets it
+on Ctrl-C so the ServerApp thread does not outlive the driver.
 
 ``wire_bytes`` is the serialised array data actually sent and received: the global (and extras)
 ArrayRecords once per node plus every reply's ArrayRecords (``Array.data``, the ``np.save`` bytes;
@@ -23,16 +31,19 @@ record keys and protobuf framing are not counted).
 from __future__ import annotations
 
 import re
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 
 from lensemble import errors
 from lensemble.config.schema import LensembleConfig
-from lensemble.errors import FaultToleranceExceeded, LensembleError
+from lensemble.errors import FaultToleranceExceeded, LensembleError, RoundError
 from lensemble.federation.flower.records import (
     ARRAYS,
     CONFIG,
@@ -55,20 +66,37 @@ NODE_POLL_S = 0.5
 # A message outlives the round deadline by this margin (clock skew), then expires unexecuted.
 TTL_MARGIN_S = 10.0
 REASON_MAX_CHARS = 400
+# Polling the grid for replies: Flower's own send_and_receive sleeps 3 s between pulls over HTTP;
+# an in-memory grid says how often it can be asked (``pull_interval``).
+PULL_S = 1.0
+_CLASS = re.compile(r"<class '([\w.]+)'>")
+_MARKER = re.compile(r"lensemble-error:([A-Za-z_]\w{0,63})(?::([A-Za-z_]\w{0,63}))?")
+
+
+def _cancelled(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise RoundError("the run was cancelled", remediation="start it again to resume")
 
 
 def wait_for_nodes(grid: Grid, *, want: int, hope: int, deadline_s: float,
-                   grace_s: float = NODE_GRACE_S, poll_s: float = NODE_POLL_S) -> list[int]:
-    """Sorted ids of the online nodes once ``hope`` are online, or ``want`` plus ``grace_s``.
+                   grace_s: float = NODE_GRACE_S, poll_s: float = NODE_POLL_S,
+                   busy: Callable[[], set[int]] | None = None,
+                   cancel: threading.Event | None = None) -> list[int]:
+    """Sorted ids of the online, not busy nodes once ``hope`` are, or ``want`` plus ``grace_s``.
 
-    Raises FaultToleranceExceeded when fewer than ``want`` are online after ``deadline_s``.
+    ``busy()`` (re-read every poll) names nodes that are online but still working on an earlier
+    message; they are not counted. Raises FaultToleranceExceeded when fewer than ``want`` are
+    available after ``deadline_s``, naming the busy ones.
     """
     start = time.monotonic()
     enough_since: float | None = None
     while True:
-        ids = sorted(int(n) for n in grid.get_node_ids())
+        _cancelled(cancel)
+        online = sorted(int(n) for n in grid.get_node_ids())
+        taken = busy() if busy is not None else set()
+        ids = [n for n in online if n not in taken]
         now = time.monotonic()
-        if len(ids) >= hope:
+        if len(ids) >= hope - len(taken & set(online)):
             return ids
         if len(ids) >= want:
             enough_since = enough_since if enough_since is not None else now
@@ -77,8 +105,10 @@ def wait_for_nodes(grid: Grid, *, want: int, hope: int, deadline_s: float,
         else:
             enough_since = None
             if now - start >= deadline_s:
+                held = len(taken & set(online))
+                also = f", {held} more still busy with an earlier round" if held else ""
                 raise FaultToleranceExceeded(
-                    f"only {len(ids)} node(s) online after {deadline_s:g} s, quorum is {want}",
+                    f"only {len(ids)} node(s) online and free after {deadline_s:g} s{also}; quorum is {want}",
                     accepted=len(ids), min_participants=want)
         time.sleep(poll_s)
 
@@ -88,20 +118,43 @@ def _short(text: str | None) -> str:
     return text if len(text) <= REASON_MAX_CHARS else text[:REASON_MAX_CHARS] + "..."
 
 
+def _parse_reason(reason: str | None) -> tuple[type | None, str]:
+    """(the Lensemble error class, a label) of a Flower error reason; never its free text.
+
+    The ClientApp re-raises every error as a sanitised one whose message is a marker
+    (``lensemble-error:Name`` or ``lensemble-error:ParticipantFailed:Name``, see
+    :func:`~lensemble.federation.flower.client_app.sanitised`), found wherever the runtime put it:
+    in a SuperNode's or the in-process grid's ``"<class 'pkg.Name'>:<'...'>"``, or inside Ray's
+    ``ClientAppException`` text. Without a marker the label is the leading class name (Flower's
+    own errors), or "unknown error".
+    """
+    found = _MARKER.search(reason or "")
+    if found:
+        cls = getattr(errors, found.group(1), None)
+        if isinstance(cls, type) and issubclass(cls, LensembleError):
+            if cls is errors.ParticipantFailed and found.group(2):
+                return cls, found.group(2)
+            return cls, f"{cls.__name__} [{cls.code}]"
+    match = _CLASS.match(reason or "")
+    return None, (match.group(1).rpartition(".")[2] if match else "unknown error")
+
+
+def error_reason_label(reason: str | None) -> str:
+    """``"RoundError [round_failed]"`` for a sanitised Lensemble error, the foreign class name
+    (``"RuntimeError"``) for any other participant error; never the text after it."""
+    return _parse_reason(reason)[1]
+
+
 def raise_if_fail_closed(who: str, reason: str | None) -> None:
     """Re-raise a participant's fail-closed Lensemble error (residency, privacy, ...) here.
 
-    Flower reports a ClientApp exception as ``"<class 'module.Name'>:<'message'>"``. A broken
-    invariant must stop the run (DESIGN.md section 9), as it does in the framework-free engine;
-    any other error only costs that participant its update for the round.
+    A broken invariant must stop the run (DESIGN.md section 9), as it does in the framework-free
+    engine, on every runtime (the marker is found inside Ray's wrapper too); any other error only
+    costs that participant its update for the round.
     """
-    match = re.match(r"<class '([\w.]+)'>", reason or "")
-    if not match:
-        return
-    module, _, name = match.group(1).rpartition(".")
-    cls = getattr(errors, name, None) if module == errors.__name__ else None
-    if isinstance(cls, type) and issubclass(cls, LensembleError) and cls.fail_closed:
-        raise cls(f"participant {who} stopped with a fail-closed error: {_short(reason)}")
+    cls, label = _parse_reason(reason)
+    if cls is not None and cls.fail_closed:
+        raise cls(f"participant {who} stopped with a fail-closed error: {label}")
 
 
 def collect_replies(replies: Iterable[Message], node_ids: list[int], *, timeout_s: float,
@@ -131,23 +184,23 @@ def collect_replies(replies: Iterable[Message], node_ids: list[int], *, timeout_
         if msg.has_error():
             err = msg.error
             raise_if_fail_closed(label(nid), err.reason)
-            failures[label(nid)] = _short(f"error reply (code {err.code}): {err.reason}")
+            failures[label(nid)] = f"failed: {error_reason_label(err.reason)} (Flower error {err.code})"
             continue
         received += reply_nbytes(msg.content)
         try:
             reply, pid = content_to_reply(msg.content, Reply)
         except (LensembleError, ValueError, KeyError, TypeError) as exc:
-            failures[label(nid)] = _short(f"malformed reply: {exc}")
+            failures[label(nid)] = _short(f"sent a malformed reply: {exc}")
             continue
         key = participant_id(pid)
         if key in owner:
-            failures[f"node-{nid}"] = f"duplicate partition-id {pid} (also sent by node {owner[key]})"
+            failures[f"node-{nid}"] = f"sent a duplicate partition-id {pid} (also sent by node {owner[key]})"
             continue
         owner[key] = nid
         labels.setdefault(nid, key)
         ok[key] = reply
     for nid in sorted(expected - seen):
-        failures[label(nid)] = f"no reply within {timeout_s:g} s"
+        failures[label(nid)] = f"did not reply within {timeout_s:g} s"
     return ok, failures, received
 
 
@@ -159,29 +212,89 @@ def _instruction(global_rec: ArrayRecord, round_config: Mapping[str, Any],
     return content
 
 
-class GridAsk:
-    """The AskFn over ``grid`` for the federation ``cfg`` (see the module docstring)."""
+@dataclass
+class Outstanding:
+    """A message a node has not answered yet: its id, the round it was for, when it was sent."""
 
-    def __init__(self, grid: Grid, cfg: LensembleConfig):
+    message_id: str
+    round_index: int
+    sent: float
+
+
+class GridAsk:
+    """The AskFn over ``grid`` for the federation ``cfg`` (see the module docstring).
+
+    ``outstanding`` (node id -> :class:`Outstanding`) survives across rounds: a node is sent
+    nothing new while its previous message is unanswered.
+    """
+
+    def __init__(self, grid: Grid, cfg: LensembleConfig, *, cancel: threading.Event | None = None):
         self.grid = grid
         self.cfg = cfg
+        self.cancel = cancel
         self.labels: dict[int, str] = {}  # node id -> participant id, remembered across rounds
+        self.outstanding: dict[int, Outstanding] = {}
+        self.poll_s = min(float(getattr(grid, "pull_interval", PULL_S) or PULL_S), PULL_S)
+
+    def _reap(self) -> set[int]:
+        """Collect (and drop) late replies to outstanding messages; return the still-busy nodes.
+
+        A node is free again once a reply *from it* arrives (even an error). A reply the link
+        generated (src: the SuperLink) for a message that expired while the node may still be
+        running it does not free the node, unless the node is no longer online.
+        """
+        if not self.outstanding:
+            return set()
+        online = {int(n) for n in self.grid.get_node_ids()}
+        for nid in [n for n in self.outstanding if n not in online]:
+            del self.outstanding[nid]  # off the grid: whatever it was running is gone with it
+        by_id = {o.message_id: nid for nid, o in self.outstanding.items() if o.message_id}
+        if by_id:
+            for msg in self.grid.pull_messages(list(by_id)):
+                nid = by_id.get(msg.metadata.reply_to_message_id)
+                if nid is None:
+                    continue
+                if int(msg.metadata.src_node_id) != SUPERLINK_NODE_ID:
+                    self.outstanding.pop(nid, None)  # the node answered (late): it is free
+                else:
+                    self.outstanding[nid].message_id = ""  # expired in the link: nothing to pull
+        return set(self.outstanding)
 
     def __call__(self, t: int, round_config: dict, global_arrays: dict, extras: dict,
                  deadline_s: float) -> Answers:
         fed = self.cfg.federation
         node_ids = wait_for_nodes(self.grid, want=fed.min_participants, hope=self.cfg.data.num_silos,
-                                  deadline_s=deadline_s)
+                                  deadline_s=deadline_s, busy=self._reap, cancel=self.cancel)
         global_rec = arrays_to_record(global_arrays)
         extras_rec = arrays_to_record(extras) if extras else None
         messages = [Message(_instruction(global_rec, round_config, extras_rec), nid, TRAIN,
                             ttl=deadline_s + TTL_MARGIN_S, group_id=str(t))
                     for nid in node_ids]
         per_node = record_nbytes(global_rec) + (record_nbytes(extras_rec) if extras_rec is not None else 0)
-        replies = self.grid.send_and_receive(messages, timeout=deadline_s)
+        ids = list(self.grid.push_messages(messages))
+        pending = dict(zip(ids, node_ids, strict=True))
+        sent = time.monotonic()
+        replies: list[Message] = []
+        # The deadline counts from when the messages left, as Flower's send_and_receive does.
+        while pending and time.monotonic() - sent < deadline_s:
+            _cancelled(self.cancel)
+            got = list(self.grid.pull_messages(list(pending)))
+            for msg in got:
+                if pending.pop(msg.metadata.reply_to_message_id, None) is not None:
+                    replies.append(msg)
+            if pending:
+                time.sleep(min(self.poll_s, max(0.0, deadline_s - (time.monotonic() - sent))))
+        for mid, nid in pending.items():
+            self.outstanding[nid] = Outstanding(mid, t, sent)
         ok, failures, received = collect_replies(replies, node_ids, timeout_s=deadline_s, labels=self.labels)
+        for nid, o in sorted(self.outstanding.items()):
+            if o.round_index != t:
+                who = self.labels.get(nid, f"node-{nid}")
+                failures[who] = (f"is still busy with round {o.round_index} (no reply for "
+                                 f"{time.monotonic() - o.sent:.0f} s); not asked")
         return Answers(replies=ok, failures=failures, asked=len(node_ids),
                        wire_bytes=per_node * len(messages) + received)
 
 
-__all__ = ["GridAsk", "wait_for_nodes", "collect_replies", "raise_if_fail_closed"]
+__all__ = ["GridAsk", "Outstanding", "wait_for_nodes", "collect_replies", "raise_if_fail_closed",
+           "error_reason_label"]
