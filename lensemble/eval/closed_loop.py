@@ -14,6 +14,12 @@ The protocol (DESIGN.md §7; defaults in ``configs/eval/``) for episode i of N:
    the control any planner must beat.
 4. The episode succeeds when the environment itself reports success (its ``terminated`` flag after
    a step). Nothing the model computes ever decides success.
+5. Every episode is recorded (seed, success, steps, start and final distance to the goal) and, for
+   TwoRoom, whether its route was valid: every step's path entered the wall only through a door
+   (:mod:`lensemble.eval.routes`; the env itself checks the door only at a step's end point).
+   ``success_rate`` stays the env's flag; ``route_valid_success_rate`` counts successes with a
+   valid route. ``policy="oracle"`` plans with the same planner on TwoRoom's true dynamics
+   (positions instead of latents, L1 distance to the goal position): the planner/protocol ceiling.
 
 Several episodes run side by side in one process (``parallel``): their planning calls are batched
 into one :meth:`Planner.plan` call, i.e. one predictor rollout of B·S sequences per CEM iteration.
@@ -47,17 +53,18 @@ from lensemble.data.partition import partition_silos
 from lensemble.data.shards import EpisodeBatch, load_shard
 from lensemble.data.store import ensure_data
 from lensemble.envs.adapter import env_info, make_env
-from lensemble.envs.factors import factor_spec, supported_envs
+from lensemble.envs.factors import TWOROOM, factor_spec, supported_envs
 from lensemble.errors import ConfigError, EvaluationError
 from lensemble.eval.controls import RandomActionPolicy, goal_expert
 from lensemble.eval.ladder import LadderSettings, run_ladder
 from lensemble.eval.mpc import Planner
-from lensemble.eval.reports import EvalReport
+from lensemble.eval.reports import EpisodeRecord, EvalReport
+from lensemble.eval.routes import RouteTracker, TwoRoomDynamics
 from lensemble.model.world_model import world_model_from_state
 from lensemble.observability.progress import progress_bar
 
 SPLITS = ("heldout", "factor")
-POLICIES = ("mpc", "random")
+POLICIES = ("mpc", "random", "oracle")
 #: Version tag of the goal-posing protocol, part of the goal-spec hash.
 GOAL_PROTOCOL = "lensemble.goal.v1:expert-offset"
 
@@ -88,6 +95,7 @@ class EpisodeOutcome:
     start_distance: float      # ground-truth distance to the goal at the start
     final_distance: float      # ... when the episode ended
     plan_calls: int
+    route_valid: bool | None = None   # every step entered the wall only through a door (None: no wall)
 
 
 @dataclass
@@ -114,6 +122,20 @@ class ClosedLoopResult:
     def success_rate(self) -> float:
         return self.n_successes / max(len(self.episodes), 1)
 
+    @property
+    def n_route_valid_successes(self) -> int | None:
+        """Successes whose route was valid; None when some episode has no route validity."""
+        if any(e.route_valid is None for e in self.episodes):
+            return None
+        return sum(e.success and bool(e.route_valid) for e in self.episodes)
+
+    def records(self, specs: Sequence[EpisodeSpec]) -> list[EpisodeRecord]:
+        """The per-episode records of an :class:`EvalReport` (episode seeds from ``specs``)."""
+        seeds = {s.index: s.seed for s in specs}
+        return [EpisodeRecord(index=e.index, seed=seeds[e.index], success=e.success, steps=e.steps,
+                              start_distance=e.start_distance, final_distance=e.final_distance,
+                              route_valid=e.route_valid) for e in sorted(self.episodes, key=lambda e: e.index)]
+
 
 # ================================================================================== validation
 def validate_request(env_id: str, cfg: LensembleConfig, *, split: str = "heldout", policy: str = "mpc",
@@ -130,6 +152,9 @@ def validate_request(env_id: str, cfg: LensembleConfig, *, split: str = "heldout
         raise EvaluationError(f"unknown split {split!r}", remediation=f"use one of {SPLITS} (--split)")
     if policy not in POLICIES:
         raise EvaluationError(f"unknown policy {policy!r}", remediation=f"use one of {POLICIES} (--policy)")
+    if policy == "oracle" and env_id != TWOROOM:
+        raise EvaluationError(f"the oracle planner needs TwoRoom's dynamics; {env_id} has none here",
+                              remediation="use --policy mpc or random on this env")
     if episodes is not None and (isinstance(episodes, bool) or int(episodes) != episodes or episodes < 1):
         raise ConfigError(f"episodes must be a positive integer, got {episodes!r}",
                           remediation="pass --episodes N with N >= 1")
@@ -266,11 +291,13 @@ def run_closed_loop(
     plan_fn: PlanFn | None,
     eval_seed: int = 0,
     advance: Callable[[int], None] | None = None,
+    oracle: Planner | None = None,
 ) -> ClosedLoopResult:
     """Run ``specs`` in chunks of ``len(envs)`` episodes side by side.
 
-    ``plan_fn=None`` runs the random-action control instead of MPC (``model`` may then be None).
-    Goals are posed with :func:`pose_goal`; only the control loops are timed.
+    ``plan_fn=None`` runs the random-action control instead of MPC (``model`` may then be None);
+    ``oracle`` (a :class:`Planner` over ``action_block``-step blocks) plans on TwoRoom's true
+    dynamics instead. Goals are posed with :func:`pose_goal`; only the control loops are timed.
     """
     out = ClosedLoopResult()
     for lo in range(0, len(specs), len(envs)):
@@ -281,7 +308,9 @@ def run_closed_loop(
             f0, g = pose_goal(env, spec, eval_cfg.goal_offset, eval_seed)
             starts.append(f0)
             goals.append(g)
-        if plan_fn is None:
+        if oracle is not None:
+            res = _oracle_chunk(pool, chunk, eval_cfg, oracle, model.cfg.action_block if model is not None else 1)
+        elif plan_fn is None:
             policies = [RandomActionPolicy(numpy_rng(eval_seed, "eval", s.index, "random")) for s in chunk]
             res = _random_chunk(pool, chunk, policies, eval_cfg.budget)
         else:
@@ -298,13 +327,14 @@ def _random_chunk(envs, specs, policies, budget: int) -> ClosedLoopResult:
     res = ClosedLoopResult()
     for env, spec, policy in zip(envs, specs, policies, strict=True):
         d0 = env.distance_to_goal()
+        route = RouteTracker(env)
         t0 = time.perf_counter()
         success, steps = False, 0
         while steps < budget and not success:
-            _, _, success = env.step(policy(env))
+            _, _, success = route.step(policy(env))
             steps += 1
         res.seconds += time.perf_counter() - t0
-        res.episodes.append(EpisodeOutcome(spec.index, success, steps, d0, env.distance_to_goal(), 0))
+        res.episodes.append(EpisodeOutcome(spec.index, success, steps, d0, env.distance_to_goal(), 0, route.valid))
     return res
 
 
@@ -318,6 +348,7 @@ def _mpc_chunk(model, envs, specs, starts, goals, eval_cfg: EvalConfig, plan_fn:
     low = np.asarray(envs[0].info.action_low, np.float32)
     high = np.asarray(envs[0].info.action_high, np.float32)
     d0 = [env.distance_to_goal() for env in envs]
+    routes = [RouteTracker(env) for env in envs]
 
     t_start = time.perf_counter()
     with torch.inference_mode():
@@ -353,7 +384,7 @@ def _mpc_chunk(model, envs, specs, starts, goals, eval_cfg: EvalConfig, plan_fn:
                     break
                 for k, row in enumerate(rows):
                     if active[row]:
-                        frames[row], _, done = envs[row].step(plan[k, r, j])
+                        frames[row], _, done = routes[row].step(plan[k, r, j])
                         steps[row] += 1
                         if done:  # the env's own success test, nothing else
                             success[row] = True
@@ -375,7 +406,64 @@ def _mpc_chunk(model, envs, specs, starts, goals, eval_cfg: EvalConfig, plan_fn:
     res = ClosedLoopResult(seconds=time.perf_counter() - t_start, plan_seconds=plan_seconds)
     for k, (env, spec) in enumerate(zip(envs, specs, strict=True)):
         res.episodes.append(EpisodeOutcome(spec.index, bool(success[k]), int(steps[k]), d0[k],
-                                           env.distance_to_goal(), int(calls[k])))
+                                           env.distance_to_goal(), int(calls[k]), routes[k].valid))
+    return res
+
+
+def _oracle_chunk(envs, specs, eval_cfg: EvalConfig, planner: Planner, block: int) -> ClosedLoopResult:
+    """:func:`_mpc_chunk` with TwoRoom's true dynamics in place of the world model: the state is
+    the agent position (read from the env), the goal the goal position, rollouts are
+    :class:`~lensemble.eval.routes.TwoRoomDynamics` (the env's own step, batched)."""
+    b = len(envs)
+    low = np.asarray(envs[0].info.action_low, np.float32)
+    high = np.asarray(envs[0].info.action_high, np.float32)
+    a_dim = envs[0].info.action_dim
+    d0 = [env.distance_to_goal() for env in envs]
+    routes = [RouteTracker(env) for env in envs]
+    dynamics = TwoRoomDynamics.from_envs(envs)
+    goal = torch.from_numpy(np.stack([env.goal_state()[:2] for env in envs]).astype(np.float32))
+    t_start = time.perf_counter()
+    active = np.ones(b, dtype=bool)
+    success = np.zeros(b, dtype=bool)
+    steps = np.zeros(b, dtype=int)
+    calls = np.zeros(b, dtype=int)
+    elapsed = 0
+    init: torch.Tensor | None = None
+    plan_seconds = 0.0
+    while active.any() and elapsed < eval_cfg.budget:
+        rows = np.flatnonzero(active)
+        idx = torch.from_numpy(rows)
+        pos = torch.from_numpy(np.stack([envs[r].agent_position() for r in rows]))
+        sim = dynamics.take(idx).repeat(planner.num_samples)
+        tp = time.perf_counter()
+        result = planner.plan(lambda z_rep, acts: sim.rollout(z_rep, acts, block), pos, goal[idx],
+                              init_mean=init[idx] if init is not None else None)
+        plan_seconds += time.perf_counter() - tp
+        calls[rows] += 1
+        nxt = planner.next_init(result, eval_cfg.receding_horizon)
+        if nxt is not None:
+            if init is None:
+                init = torch.zeros(b, *nxt.shape[1:])
+            init[idx] = nxt.float()
+        plan = np.clip(result.actions.numpy().reshape(len(rows), -1, block, a_dim), low, high)
+        for r in range(min(eval_cfg.receding_horizon, plan.shape[1])):
+            for j in range(block):
+                if elapsed >= eval_cfg.budget:
+                    break
+                for k, row in enumerate(rows):
+                    if active[row]:
+                        _, _, done = routes[row].step(plan[k, r, j])
+                        steps[row] += 1
+                        if done:
+                            success[row] = True
+                            active[row] = False
+                elapsed += 1
+            if not active.any() or elapsed >= eval_cfg.budget:
+                break
+    res = ClosedLoopResult(seconds=time.perf_counter() - t_start, plan_seconds=plan_seconds)
+    for k, (env, spec) in enumerate(zip(envs, specs, strict=True)):
+        res.episodes.append(EpisodeOutcome(spec.index, bool(success[k]), int(steps[k]), d0[k],
+                                           env.distance_to_goal(), int(calls[k]), routes[k].valid))
     return res
 
 
@@ -441,9 +529,10 @@ def evaluate(
     envs = [make_env(env_id, model.cfg.img_size) for _ in range(min(int(parallel), n))]
     try:
         plan_fn = planner_plan_fn(model, planner, eval_cfg.receding_horizon) if policy == "mpc" else None
+        oracle = _oracle_planner(eval_cfg, info, block) if policy == "oracle" else None
         with progress_bar(f"evaluate {policy} {split}", n, enabled=progress) as advance:
             loop = run_closed_loop(model, envs, specs, eval_cfg, plan_fn=plan_fn, eval_seed=eval_cfg.seed,
-                                   advance=advance)
+                                   advance=advance, oracle=oracle)
 
         transfer_rate = None
         if split == "factor":
@@ -454,8 +543,10 @@ def evaluate(
             t_specs = episode_specs(derive(eval_cfg.seed, "transfer"), n, t_values)
             planner.reset()
             with progress_bar(f"evaluate {policy} transfer", n, enabled=progress) as advance:
+                if oracle is not None:
+                    oracle.reset()
                 t_loop = run_closed_loop(model, envs, t_specs, eval_cfg, plan_fn=plan_fn,
-                                         eval_seed=derive(eval_cfg.seed, "transfer"), advance=advance)
+                                         eval_seed=derive(eval_cfg.seed, "transfer"), advance=advance, oracle=oracle)
             transfer_rate = t_loop.success_rate
 
         ladder_fields: dict = {}
@@ -466,11 +557,15 @@ def evaluate(
         for env in envs:
             env.close()
 
+    n_valid = loop.n_route_valid_successes
     return EvalReport(
         success_rate=loop.success_rate,
         n_episodes=n,
         n_successes=loop.n_successes,
-        planning_samples=eval_cfg.num_samples * eval_cfg.iterations if policy == "mpc" else 1,
+        episodes=loop.records(specs),
+        n_route_valid_successes=n_valid,
+        route_valid_success_rate=None if n_valid is None else n_valid / n,
+        planning_samples=eval_cfg.num_samples * eval_cfg.iterations if policy != "random" else 1,
         time_per_action_ms=loop.time_per_action_ms,
         env_id=env_id,
         held_out_factors=held_out,
@@ -478,9 +573,19 @@ def evaluate(
         seed=eval_cfg.seed,
         config_hash=cfg.config_hash(),
         checkpoint_hash=ckpt.content_hash,
-        planner=eval_cfg.planner if policy == "mpc" else "random",
+        planner={"mpc": eval_cfg.planner, "oracle": f"oracle-{eval_cfg.planner}"}.get(policy, "random"),
         transfer_success_rate=transfer_rate,
         **ladder_fields,
+    )
+
+
+def _oracle_planner(eval_cfg: EvalConfig, info, block: int) -> Planner:
+    """The planner of the MPC protocol, over the same action blocks, for the true dynamics."""
+    return Planner.from_config(
+        eval_cfg, action_dim=info.action_dim * block,
+        action_low=torch.tensor(info.action_low).repeat(block),
+        action_high=torch.tensor(info.action_high).repeat(block),
+        seed=derive(eval_cfg.seed, "eval", "oracle"),
     )
 
 

@@ -59,6 +59,33 @@ def _scan(value: Any, path: str) -> Any:
     return value
 
 
+class EpisodeRecord(BaseModel):
+    """One closed-loop episode, scalars only. Two reports with the same ``goal_spec_hash`` hold the
+    same episodes (same ``index`` and ``seed``, same factor values and goal), so their records pair
+    one to one (:func:`pair_episodes`).
+
+    Distances are in the env's state units (TwoRoom: 224 px frame pixels); ``steps`` counts env
+    actions executed; ``route_valid`` is None where the env has no wall (PushT), else whether every
+    step's path crossed the wall only through a door (:mod:`lensemble.eval.routes`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    index: int = Field(ge=0)
+    seed: int
+    success: bool
+    steps: int = Field(ge=0)
+    start_distance: float = Field(ge=0)
+    final_distance: float = Field(ge=0)
+    route_valid: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _guard_inputs(cls, data: Any) -> Any:
+        # The same residency scan as the report's: scalars only, finite.
+        return {k: _scan(v, f"episodes[].{k}") for k, v in data.items()} if isinstance(data, dict) else data
+
+
 class EvalReport(BaseModel):
     """Scalar summary of one closed-loop evaluation plus the evaluation-ladder numbers.
 
@@ -96,6 +123,12 @@ class EvalReport(BaseModel):
     probe_r2: float | None = None
     effective_dim: float | None = None
     latent_std: float | None = None
+    # Per-episode outcomes (None in reports written before them) and route validity
+    episodes: tuple[EpisodeRecord, ...] | None = None
+    route_valid_success_rate: float | None = None
+    """Share of episodes that succeeded (the env's own flag) *and* took a valid route; None where
+    the env has no wall or the episodes are not recorded. ``success_rate`` stays the env's flag."""
+    n_route_valid_successes: int | None = Field(None, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -136,6 +169,27 @@ class EvalReport(BaseModel):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise EvaluationError(f"{name} must be >= 0, got {value}")
+        if self.episodes is not None:
+            eps = self.episodes
+            if len(eps) != self.n_episodes:
+                raise EvaluationError(f"{len(eps)} episode records for n_episodes = {self.n_episodes}")
+            if len({e.index for e in eps}) != len(eps):
+                raise EvaluationError("episode records repeat an episode index")
+            if sum(e.success for e in eps) != self.n_successes:
+                raise EvaluationError("the episode records' successes do not add up to n_successes")
+        routes = None
+        if self.episodes is not None and all(e.route_valid is not None for e in self.episodes):
+            routes = sum(e.success and bool(e.route_valid) for e in self.episodes)
+        if (self.n_route_valid_successes is None) != (self.route_valid_success_rate is None):
+            raise EvaluationError("route_valid_success_rate and n_route_valid_successes come together")
+        if self.n_route_valid_successes is not None:
+            if routes is not None and self.n_route_valid_successes != routes:
+                raise EvaluationError(f"n_route_valid_successes {self.n_route_valid_successes} != {routes} "
+                                      "from the episode records")
+            if self.n_route_valid_successes > self.n_successes:
+                raise EvaluationError("route-valid successes exceed successes")
+            if abs(self.route_valid_success_rate - self.n_route_valid_successes / self.n_episodes) > _TOL:
+                raise EvaluationError("route_valid_success_rate != n_route_valid_successes / n_episodes")
         if self.rollout_error is not None:
             for horizon, err in self.rollout_error.items():
                 if horizon < 1 or err < 0:
@@ -169,11 +223,32 @@ class EvalReport(BaseModel):
 
     def metrics(self) -> dict[str, float]:
         """The stable ``eval/*`` keys for the JSONL metrics sink."""
-        return {
+        out = {
             "eval/success_rate": self.success_rate,
             "eval/planning_samples": float(self.planning_samples),
             "eval/time_per_action_ms": self.time_per_action_ms,
         }
+        if self.route_valid_success_rate is not None:
+            out["eval/route_valid_success_rate"] = self.route_valid_success_rate
+        return out
 
 
-__all__ = ["EvalReport"]
+def pair_episodes(a: EvalReport, b: EvalReport) -> list[tuple[EpisodeRecord, EpisodeRecord]]:
+    """The episodes of two reports, paired one to one (sorted by episode index).
+
+    Raises EvaluationError unless both reports were scored on the same tasks (equal
+    ``goal_spec_hash``) and both recorded their episodes, with the same (index, seed) pairs.
+    """
+    if a.goal_spec_hash != b.goal_spec_hash:
+        raise EvaluationError("the two reports were scored on different tasks (goal_spec_hash differs): "
+                              "their episodes do not pair")
+    if a.episodes is None or b.episodes is None:
+        raise EvaluationError("a report holds no per-episode records (written before they were kept)")
+    ka = {(e.index, e.seed): e for e in a.episodes}
+    kb = {(e.index, e.seed): e for e in b.episodes}
+    if set(ka) != set(kb):
+        raise EvaluationError("the two reports' episode records name different episodes")
+    return [(ka[k], kb[k]) for k in sorted(ka)]
+
+
+__all__ = ["EpisodeRecord", "EvalReport", "pair_episodes"]

@@ -33,7 +33,8 @@ def setup(tmp_path_factory):
 def test_mpc_report_is_complete_and_round_trips(setup):
     cfg, root, digest, _ = setup
     report = evaluate(root / "ckpt", ENV, cfg=cfg, episodes=2, progress=False, ladder_settings=SMALL_LADDER)
-    assert report.n_episodes == 2 and 0.0 <= report.success_rate <= 1.0
+    assert report.n_episodes == 2
+    _check_success_is_the_envs(report, cfg)
     assert report.planning_samples == cfg.eval.num_samples * cfg.eval.iterations
     assert report.checkpoint_hash == digest and report.config_hash == cfg.config_hash()
     assert report.planner == "cem" and report.time_per_action_ms > 0 and len(report.goal_spec_hash) == 64
@@ -45,6 +46,50 @@ def test_mpc_report_is_complete_and_round_trips(setup):
     # Same seeds, same factors: the goal spec is reproducible.
     again = evaluate(root / "ckpt", ENV, cfg=cfg, episodes=2, progress=False, policy="random", ladder=False)
     assert again.goal_spec_hash == report.goal_spec_hash
+
+
+# TwoRoom's own success test (stable-worldmodel 0.1.1, TwoRoomEnv.step): agent within 16 px of the goal.
+TWOROOM_SUCCESS_PX = 16.0
+
+
+def _check_success_is_the_envs(report, cfg):
+    """The reported success must be the env's flag, episode by episode: a success ended within
+    16 px of the goal, a failure did not and used the whole budget; the rate is their mean."""
+    eps = report.episodes
+    assert eps is not None and len(eps) == report.n_episodes
+    assert report.success_rate == sum(e.success for e in eps) / len(eps)
+    for e in eps:
+        assert e.success == (e.final_distance < TWOROOM_SUCCESS_PX), e
+        assert e.success or e.steps == cfg.eval.budget, e
+        assert 1 <= e.steps <= cfg.eval.budget and e.route_valid in (True, False)
+    valid = sum(e.success and e.route_valid for e in eps)
+    assert report.n_route_valid_successes == valid and report.route_valid_success_rate == valid / len(eps)
+
+
+def test_success_tracks_the_task_oracle_beats_random_on_the_same_episodes(setup):
+    """A known answer the success check must reproduce: the oracle planner (the same CEM on
+    TwoRoom's true dynamics) reaches goals 15 expert steps (55-75 px) away within 25 steps;
+    random actions mostly do not, on the very same episodes."""
+    from lensemble.config import load_config
+    from lensemble.eval.reports import pair_episodes
+
+    _, root, _, overrides = setup
+    cfg = load_config(overrides + ["eval.num_samples=64", "eval.iterations=5", "eval.topk=8", "eval.budget=25",
+                                   "eval.goal_offset=15"])
+    oracle = evaluate(root / "ckpt", ENV, cfg=cfg, episodes=4, progress=False, policy="oracle", ladder=False)
+    random = evaluate(root / "ckpt", ENV, cfg=cfg, episodes=4, progress=False, policy="random", ladder=False)
+    for r in (oracle, random):
+        _check_success_is_the_envs(r, cfg)
+    assert oracle.planner == "oracle-cem" and oracle.n_successes >= 3
+    assert oracle.n_successes > random.n_successes
+    pairs = pair_episodes(oracle, random)   # same goal spec: the episodes pair one to one
+    assert len(pairs) == 4 and all(a.start_distance == b.start_distance for a, b in pairs)
+
+
+def test_oracle_needs_tworoom(setup):
+    cfg, root, _, _ = setup
+    with pytest.raises(EvaluationError):
+        evaluate(root / "ckpt", "swm/PushT-v1", cfg=cfg, episodes=1, progress=False, policy="oracle")
 
 
 def test_factor_split_reports_transfer_values(setup):

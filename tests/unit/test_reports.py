@@ -104,3 +104,54 @@ def test_write_round_trips_and_refuses_a_silo_folder(tmp_path):
     with pytest.raises(ResidencyViolation):
         r.write(silo / "reports" / "report.json")
     assert not (silo / "reports").exists()  # refused before anything was written
+
+
+# ---------------------------------------------------------------- per-episode records
+def _episodes(successes, routes=None):
+    return [dict(index=i, seed=1000 + i, success=bool(s), steps=10 + i, start_distance=90.0,
+                 final_distance=5.0 if s else 60.0, route_valid=None if routes is None else bool(routes[i]))
+            for i, s in enumerate(successes)]
+
+
+def test_episode_records_round_trip_and_must_add_up():
+    succ = [1, 0, 1, 0, 0, 0, 0, 0]
+    r = EvalReport(**_fields(episodes=_episodes(succ, routes=[1, 1, 0, 1, 1, 1, 1, 1]),
+                             n_route_valid_successes=1, route_valid_success_rate=1 / 8))
+    assert len(r.episodes) == 8 and r.episodes[2].route_valid is False
+    assert EvalReport.from_json(r.to_json()) == r
+    assert r.metrics()["eval/route_valid_success_rate"] == 1 / 8
+    with pytest.raises(EvaluationError):   # the records disagree with n_successes
+        EvalReport(**_fields(episodes=_episodes([1, 1, 1, 0, 0, 0, 0, 0])))
+    with pytest.raises(EvaluationError):   # one record short
+        EvalReport(**_fields(episodes=_episodes(succ)[:7]))
+    with pytest.raises(EvaluationError):   # route-valid count disagrees with the records
+        EvalReport(**_fields(episodes=_episodes(succ, routes=[1] * 8), n_route_valid_successes=1,
+                             route_valid_success_rate=1 / 8))
+    # A report written before the records existed still loads.
+    assert EvalReport(**_fields()).episodes is None
+
+
+def test_episode_records_hold_scalars_only():
+    eps = _episodes([1, 0, 1, 0, 0, 0, 0, 0])
+    eps[0]["final_distance"] = np.array([1.0, 2.0])
+    with pytest.raises(ResidencyViolation):
+        EvalReport(**_fields(episodes=eps))
+    eps = _episodes([1, 0, 1, 0, 0, 0, 0, 0])
+    eps[1]["start_distance"] = float("nan")
+    with pytest.raises(EvaluationError):
+        EvalReport(**_fields(episodes=eps))
+
+
+def test_reports_on_the_same_tasks_pair_episode_by_episode():
+    from lensemble.eval.reports import pair_episodes
+
+    a = EvalReport(**_fields(episodes=_episodes([1, 0, 1, 0, 0, 0, 0, 0])))
+    b = EvalReport(**_fields(episodes=list(reversed(_episodes([0, 0, 1, 1, 0, 0, 0, 0])))))
+    pairs = pair_episodes(a, b)
+    assert [(x.index, y.index) for x, y in pairs] == [(i, i) for i in range(8)]
+    assert [int(x.success) - int(y.success) for x, y in pairs] == [1, 0, 0, -1, 0, 0, 0, 0]
+    other = EvalReport(**_fields(goal_spec_hash="00" * 32, episodes=_episodes([1, 0, 1, 0, 0, 0, 0, 0])))
+    with pytest.raises(EvaluationError):
+        pair_episodes(a, other)
+    with pytest.raises(EvaluationError):
+        pair_episodes(a, EvalReport(**_fields()))
