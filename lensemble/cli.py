@@ -46,9 +46,18 @@ def _fail(exc: LensembleError):
 
 @app.command("config")
 def show_config(overrides: list[str] = OVERRIDES):
-    """Print the composed, validated config as JSON (and its hash)."""
+    """Print the composed, validated config as JSON (and its hash).
+
+    Runs the cross-field checks ``run`` makes before any work (silo count against the partition
+    factor's values, the factor's name, rungs that privacy rules out), so "validated" means it.
+    """
+    from lensemble.data.partition import check_partition_config
+    from lensemble.federation.checks import check_federation_config
+
     try:
         cfg = _load(overrides)
+        check_partition_config(cfg)
+        check_federation_config(cfg)
     except LensembleError as exc:
         _fail(exc)
     print(json.dumps(cfg.model_dump(mode="json"), indent=1))

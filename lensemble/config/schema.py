@@ -20,7 +20,10 @@ from lensemble.errors import ConfigError
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no silent coercion ("federation.rounds=true" is not 1, "1e-3" as a string is not a
+    # float); an int for a float field is still taken, as the float it names (1 -> 1.0), so YAML
+    # and Hydra values such as ``1.0e-3`` or ``outer_lr=1`` validate and dump as before.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ModelConfig(_Section):

@@ -143,3 +143,11 @@ def plan_from_config(cfg) -> SiloPlan:
     d = cfg.data
     return partition_silos(cfg.env.id, d.partition_factor, d.num_silos, d.episodes_per_silo,
                            d.severity, cfg.root_seed, d.heldout_episodes)
+
+
+def check_partition_config(cfg) -> None:
+    """The cross-field checks of ``data`` that the schema cannot make alone (ConfigError):
+    the partition factor exists in ``env.id``'s catalog, severity > 0 has at least one silo value
+    per silo. The same function :func:`plan_from_config` runs before a collection (``run``), so
+    ``lensemble config`` refuses exactly what ``run`` would."""
+    plan_from_config(cfg)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,14 +111,20 @@ def load_probe(path: str | Path, expected_hash: str | None = None) -> Probe:
         with np.load(path, allow_pickle=False) as z:
             frames = z["frames"]
             meta = json.loads(str(z["meta"])) if "meta" in z.files else {}
-    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise ProbeError(f"cannot read public probe {path}: {exc}",
+    except Exception as exc:
+        # A damaged file fails in many ways (zipfile.BadZipFile, zlib.error, numpy's ValueError or
+        # NotImplementedError for a garbled .npy header, EOFError, a JSON error): all of them are
+        # "this probe file cannot be read", and the error names the file.
+        raise ProbeError(f"cannot read public probe {path}: {type(exc).__name__}: {exc}",
                          remediation="restore the probe file or re-create it with "
                                      "lensemble.data.collect_silos") from None
     name = path.name
     named = name.startswith("probe-") and name.endswith(".npz")
     name_hash = name[len("probe-"):-len(".npz")] if named else None
-    got = probe_hash(frames)
+    try:
+        got = probe_hash(frames)
+    except ProbeError as exc:  # readable, but not probe frames (a garbled dtype or shape)
+        raise ProbeError(f"public probe {name}: {exc.message}", remediation=exc.remediation) from None
     for label, want in (("its file name", name_hash), ("the pinned hash", expected_hash)):
         if want is not None and got != want:
             raise ProbeError(

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import re
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -184,10 +183,16 @@ def load_shard(path: str | Path, expected_hash: str | None = None) -> EpisodeBat
             arrays = {k: z[k] for k in SHARD_KEYS}
     except ArtifactError:
         raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise ArtifactError(f"cannot read shard {path}: {exc}",
+    except Exception as exc:
+        # zipfile.BadZipFile, zlib.error, numpy's ValueError / NotImplementedError for a garbled
+        # .npy header, EOFError, OSError: every way a damaged file fails names the file.
+        raise ArtifactError(f"cannot read shard {path}: {type(exc).__name__}: {exc}",
                             remediation="the file is missing or corrupt; re-collect or restore it") from None
-    digest = _hash_arrays(arrays)
+    try:
+        digest = _hash_arrays(arrays)
+    except Exception as exc:  # readable, but not shard arrays (a garbled dtype or shape)
+        raise ArtifactError(f"shard {path.name} holds unreadable arrays: {type(exc).__name__}: {exc}",
+                            remediation="the file is corrupt; re-collect or restore it", path=str(path)) from None
     for label, want in (("its file name", name_hash), ("the expected hash", expected_hash)):
         if want is not None and digest != want:
             raise ArtifactError(
@@ -200,7 +205,10 @@ def load_shard(path: str | Path, expected_hash: str | None = None) -> EpisodeBat
         factors=json.loads(str(arrays["factors"])), meta=json.loads(str(arrays["meta"])),
         content_hash=digest, path=path,
     )
-    batch.validate()
+    try:
+        batch.validate()
+    except ArtifactError as exc:
+        raise ArtifactError(f"shard {path.name}: {exc.message}", remediation=exc.remediation, path=str(path)) from None
     return batch
 
 

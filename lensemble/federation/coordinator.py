@@ -32,6 +32,7 @@ from lensemble.errors import (
     PrivacyBudgetExceeded,
     ProbeError,
 )
+from lensemble.federation.checks import check_federation_config
 from lensemble.federation.codec import payload_nbytes, quant_ratio
 from lensemble.federation.locks import lock_folder
 from lensemble.federation.messages import Reply
@@ -390,20 +391,6 @@ class Coordinator:
         self.sink.close()
         self._lock.release()
         return summary
-
-
-def check_federation_config(cfg: LensembleConfig) -> None:
-    """Cross-field checks a federated run needs beyond the schema; ConfigError naming the fields.
-
-    With privacy on, participants withhold their probe embeddings (only the clipped, noised Δ is
-    covered by ε), so a rung that needs them (``gauge.distill``) is refused.
-    """
-    if cfg.privacy.enabled and cfg.gauge.distill:
-        raise ConfigError(
-            "gauge.distill needs the participants' probe embeddings, which privacy.enabled withholds "
-            "(ε covers only the clipped, noised pseudo-gradient)",
-            remediation="use a rung without distillation (gauge=anchor or lower) with privacy=dp, "
-                        "or privacy=none for rung 5")
 
 
 def _run_id(run_dir: Path) -> str:

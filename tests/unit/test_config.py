@@ -178,3 +178,49 @@ def test_baseline_experiments_compose():
     assert fork_a.model.encoder_frozen and fork_a.gauge.rung == "naive"
     naive = load_config(["experiment=naive_fedavg"])
     assert naive.gauge.rung == "naive" and not naive.gauge.shared_sketch and not naive.model.encoder_frozen
+
+
+# -- strict types (issue 15): no silent coercion, but YAML/Hydra numbers still validate ----------
+
+@pytest.mark.parametrize("override,field", [
+    ("federation.rounds=true", "federation.rounds"),       # a bool is not a count
+    ("federation.nesterov=1", "federation.nesterov"),      # an int is not a bool
+    ("train.lr='1e-3'", "train.lr"),                        # a quoted string is not a number
+    ("data.num_silos=2.0", "data.num_silos"),              # a float is not a count
+    ("federation.warmstart=3", "federation.warmstart"),    # an int is not a path
+])
+def test_strict_types_refuse_coercion(override, field):
+    with pytest.raises(ConfigError) as info:
+        load_config([override])
+    assert field in str(info.value)
+
+
+def test_numbers_as_yaml_and_hydra_write_them_still_validate():
+    cfg = load_config(["train.lr=1.0e-3", "federation.outer_lr=1", "data.severity=0", "train.weight_decay=1e-2"])
+    assert cfg.train.lr == 1e-3 and cfg.train.weight_decay == 0.01
+    # an int for a float field becomes the float it names: the dump (and so the hash) is unchanged
+    assert isinstance(cfg.federation.outer_lr, float) and isinstance(cfg.data.severity, float)
+    as_floats = load_config(["federation.outer_lr=1.0", "data.severity=0.0"])
+    assert cfg.model_dump_json() == load_config(["train.lr=0.001", "federation.outer_lr=1.0", "data.severity=0.0",
+                                                 "train.weight_decay=0.01"]).model_dump_json()
+    assert as_floats.config_hash() == load_config(["federation.outer_lr=1", "data.severity=0"]).config_hash()
+    # the resolved config as JSON (what a SuperNode receives) validates back to itself
+    assert validate_config(cfg.model_dump(mode="json")) == cfg
+
+
+@pytest.mark.parametrize("overrides,words", [
+    (["data.num_silos=50"], "50 silos"),                               # more silos than factor values
+    (["data.partition_factor=agent.nonsense"], "agent.nonsense"),      # no such factor
+    (["privacy=dp", "gauge=distill"], "gauge.distill"),                # DP withholds what distill needs
+])
+def test_config_command_runs_the_checks_run_makes(overrides, words):
+    """`lensemble config` no longer says "validated" for what `run` then refuses."""
+    from typer.testing import CliRunner
+
+    from lensemble.cli import app
+
+    res = CliRunner().invoke(app, ["config", *overrides])
+    assert res.exit_code == 2, res.output
+    assert words in " ".join(res.output.split())
+    ok = CliRunner().invoke(app, ["config", "data.num_silos=3"])
+    assert ok.exit_code == 0 and '"num_silos": 3' in ok.output

@@ -80,3 +80,28 @@ def test_split_refuses_to_leave_no_measurement_frames():
         split_probe(16, 0, seed=0, probe_hash="x")
     with pytest.raises(ProbeError):
         landmark_count(1, 4)
+
+
+def test_every_one_byte_corruption_raises_probe_error_naming_the_file(tmp_path):
+    """Flip each byte of a probe file in turn: it loads with its pinned hash (a byte numpy never
+    reads, e.g. a zip timestamp) or raises ProbeError naming the file; never zlib.error,
+    NotImplementedError or any other raw exception."""
+    probe = save_probe(tmp_path / "src", _frames(p=4), {"public_values": [[1]]})
+    raw = probe.path.read_bytes()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    target = bad / probe.path.name
+    kinds = set()
+    for i in range(len(raw)):
+        flipped = bytearray(raw)
+        flipped[i] ^= 0xFF
+        target.write_bytes(bytes(flipped))
+        try:
+            got = load_probe(target, expected_hash=probe.content_hash)
+        except ProbeError as exc:
+            assert probe.path.name in exc.message, exc.message
+            kinds.add("refused")
+            continue
+        assert got.content_hash == probe.content_hash
+        kinds.add("harmless")
+    assert "refused" in kinds

@@ -105,3 +105,24 @@ def test_symlink_does_not_smuggle_data_out(tmp_path):
     (tmp_path / "silo_000" / "link").symlink_to(tmp_path / "outside")
     with pytest.raises(ResidencyViolation):
         guard_silo_write(tmp_path / "silo_000" / "link" / "train.npz", 0)
+
+
+def test_every_one_byte_corruption_raises_artifact_error_naming_the_file(tmp_path):
+    """Flip each byte of a (small) shard in turn: it loads with its hash or raises ArtifactError
+    naming the file; never a raw zlib / numpy / json exception."""
+    path = save_shard(tmp_path / "src", _batch(e=1, t=2), "train")
+    raw = path.read_bytes()
+    target = tmp_path / path.name
+    refused = 0
+    for i in range(len(raw)):
+        flipped = bytearray(raw)
+        flipped[i] ^= 0xFF
+        target.write_bytes(bytes(flipped))
+        try:
+            got = load_shard(target)
+        except ArtifactError as exc:
+            assert path.name in exc.message, exc.message
+            refused += 1
+            continue
+        assert got.content_hash == shard_hash(got)
+    assert refused > 0
