@@ -142,7 +142,14 @@ def run(engine: str = typer.Option("ray", help="ray (Flower simulation engine) |
     try:
         cfg = _load(overrides)
         with Heartbeat(RoundWatch(cfg, cfg.run_dir).status):
-            summary = run_federated_simulation(cfg, cfg.run_dir, engine=engine)
+            if verbose and engine == "ray":
+                # run_federated_simulation has no verbose switch; the flwr-run engine has one
+                # (it then streams Flower's own lines, not only the ServerApp's).
+                from lensemble.federation.flower.runtime import run_with_flwr
+
+                summary = run_with_flwr(cfg, cfg.run_dir, verbose=True)
+            else:
+                summary = run_federated_simulation(cfg, cfg.run_dir, engine=engine)
         evaluation = evaluate_run(cfg.run_dir, cfg, eval_episodes) if evaluate else None
         report = write_run_report(cfg.run_dir, cfg, evaluation, engine=engine)
     except LensembleError as exc:
@@ -164,6 +171,8 @@ def evaluate_cmd(checkpoint: str = typer.Argument(..., help="checkpoint folder")
                  split: str = typer.Option("heldout", help="heldout | factor (transfer values)"),
                  policy: str = typer.Option("mpc", help="mpc | random (control)"),
                  ladder: bool = typer.Option(True, help="also run the evaluation ladder"),
+                 allow_other_env: bool = typer.Option(False, help="evaluate on an environment other than "
+                                                      "the one the checkpoint was trained on"),
                  out: str = typer.Option(None, help="write the EvalReport JSON here (the report goes beside it)"),
                  verbose: bool = VERBOSE,
                  overrides: list[str] = OVERRIDES):
@@ -171,7 +180,8 @@ def evaluate_cmd(checkpoint: str = typer.Argument(..., help="checkpoint folder")
     (report.md/.html beside --out, else under the checkpoint's run folder in evaluations/)."""
     _console(verbose)
     try:
-        report = cli_evaluate(checkpoint, env, episodes, split, policy, out, list(overrides or []), ladder=ladder)
+        report = cli_evaluate(checkpoint, env, episodes, split, policy, out, list(overrides or []), ladder=ladder,
+                              allow_other_env=allow_other_env)
     except LensembleError as exc:
         _fail(exc)
     from lensemble.report.eval_report import eval_report_paths
@@ -245,8 +255,10 @@ def cli_evaluate(
     *,
     ladder: bool = True,
     progress: bool = True,
+    allow_other_env: bool = False,
 ):
-    """``lensemble evaluate CKPT --env ... [--episodes N] [--split ...] [--policy ...] [--out f.json]``.
+    """``lensemble evaluate CKPT --env ... [--episodes N] [--split ...] [--policy ...] [--out f.json]
+    [--allow-other-env]``.
 
     Composes the config from ``overrides``, runs ``evaluate``, prints a short table (stderr),
     writes the report JSON to ``out`` and the report (Markdown, HTML, one figure) beside it, or,
@@ -262,7 +274,7 @@ def cli_evaluate(
 
     cfg = load_config(list(overrides or []))
     report = evaluate(checkpoint, env, cfg=cfg, episodes=episodes, split=split, policy=policy, ladder=ladder,
-                      progress=progress)
+                      progress=progress, allow_other_env=allow_other_env)
     table = Table(title=f"evaluate {Path(checkpoint).name} on {env} ({split}, {policy})")
     table.add_column("metric")
     table.add_column("value", justify="right")

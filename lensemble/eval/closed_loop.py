@@ -468,6 +468,30 @@ def _oracle_chunk(envs, specs, eval_cfg: EvalConfig, planner: Planner, block: in
 
 
 # ================================================================================== evaluate
+def checkpoint_env(ckpt) -> str | None:
+    """The environment a verified checkpoint was trained on, or None where nothing records it.
+
+    Read from the run manifest the checkpoint belongs to: the nearest ``manifest.json`` above its
+    folder (a federated round's is three levels up, a trained model's two) whose ``config_hash``
+    is the checkpoint's own, so a manifest of some other run in a parent folder never counts.
+    """
+    want = ckpt.header.get("config_hash")
+    if not want:
+        return None
+    for folder in list(Path(ckpt.path).resolve().parents)[:4]:
+        path = folder / "manifest.json"
+        if not path.is_file():
+            continue
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if manifest.get("config_hash") == want:
+            env = (manifest.get("config") or {}).get("env", {}).get("id")
+            return str(env) if env else None
+    return None
+
+
 def evaluate(
     checkpoint: str | Path,
     env_id: str,
@@ -481,6 +505,7 @@ def evaluate(
     transfer: bool = False,
     parallel: int = 8,
     ladder_settings=None,
+    allow_other_env: bool = False,
 ) -> EvalReport:
     """Score ``checkpoint`` on ``env_id`` (see the module docstring for the protocol).
 
@@ -499,6 +524,8 @@ def evaluate(
             fill ``transfer_success_rate`` (with ``split="factor"`` it is the success rate).
         parallel: episodes run side by side (batched planning).
         ladder_settings: a :class:`~lensemble.eval.ladder.LadderSettings` (default protocol).
+        allow_other_env: evaluate on ``env_id`` although the checkpoint was trained on another
+            environment (its run manifest says which); refused with EvaluationError otherwise.
 
     Returns:
         :class:`EvalReport` (scalars only).
@@ -509,6 +536,12 @@ def evaluate(
     n = int(episodes if episodes is not None else eval_cfg.episodes)
 
     ckpt = load_checkpoint(checkpoint)  # verifies the content hash before anything is returned
+    own_env = checkpoint_env(ckpt)
+    if own_env is not None and own_env != env_id and not allow_other_env:
+        raise EvaluationError(
+            f"checkpoint {Path(checkpoint)} was trained on {own_env}, not {env_id}",
+            remediation=f"evaluate on {own_env}, or pass --allow-other-env (allow_other_env=True) "
+                        "to measure transfer on purpose")
     model = world_model_from_state(ckpt.architecture, ckpt.tensors).eval()
     info = env_info(env_id)
     if model.cfg.action_dim != info.action_dim:
