@@ -1,23 +1,25 @@
 """What third-party libraries may print on the console: quiet by default, everything with ``--verbose``.
 
-The simulation engine (Flower on Ray) is chatty on a plain run:
+Where the noise came from, and what handles it:
 
 * Flower's ``flwr`` logger is set to DEBUG by Flower itself. Its own console handler prints INFO
   and above, but opacus (imported by the privacy ledger) calls ``logging.basicConfig`` at import,
-  which gives the root logger a handler, so every Flower DEBUG record propagates to it and is
-  printed with a timestamp (``12/01/2026 09:21:19:DEBUG:Registered 2 nodes``).
-* ``flwr.simulation.run_simulation`` logs a "DEPRECATED FEATURE" banner at WARNING on every call
-  (docs/federation.md says why the engine still calls it).
+  which gives the root logger a handler; every Flower DEBUG record then propagates to it and is
+  printed with a timestamp (``12/01/2026 09:21:19:DEBUG:Registered 2 nodes``). This matters where
+  Flower runs inside the CLI's process (``--engine flower-inprocess``).
+* Flower's deprecated ``run_simulation`` logged a "DEPRECATED FEATURE" banner at WARNING. No
+  engine calls it any more (the ``ray`` engine runs ``flwr run`` against a local simulation
+  SuperLink and shows only the ServerApp's ``[lensemble]`` lines and errors, see
+  :mod:`lensemble.federation.flower.runtime`); the filter below still drops such a banner should
+  any Flower code in this process log one.
 * Ray warns with a ``FutureWarning`` about accelerator environment variables at ``ray.init``.
 
-:func:`configure_console` (called by every CLI command before it imports the library) handles
-these without changing what runs: a filter on the ``flwr`` logger drops DEBUG records and the
-deprecation banner, ``flwr`` stops propagating to the root handler (no duplicated lines), the
-``ray`` loggers keep ERROR and above, and a warnings filter drops Ray's FutureWarning.
-``verbose=True`` undoes all of it and turns Flower's console handler down to DEBUG.
-
-Ray actors are separate processes: their Flower logger reads ``FLWR_LOG_LEVEL`` when it is
-imported there, so that variable (set here unless the user set it) quiets them too.
+:func:`configure_console` (called by the CLI before a command imports the library) handles these
+without changing what runs: a filter on the ``flwr`` logger drops DEBUG records and deprecation
+banners, ``flwr`` stops propagating to the root handler (no duplicated lines), the ``ray`` loggers
+keep ERROR and above, and warnings filters drop Ray's FutureWarning and DeprecationWarnings.
+``verbose=True`` undoes all of it; it also sets ``FLWR_LOG_LEVEL=DEBUG`` (unless the user set it),
+which Flower reads at import in this process and in the processes the ``ray`` engine starts.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ _FILTER_NAME = "lensemble-quiet"
 
 
 class QuietFilter(logging.Filter):
-    """Drops DEBUG records and Flower's "DEPRECATED FEATURE" banner; keeps everything else."""
+    """Drops DEBUG records and Flower's "DEPRECATED FEATURE" banners; keeps everything else."""
 
     def __init__(self):
         super().__init__(_FILTER_NAME)
@@ -54,14 +56,11 @@ def configure_console(verbose: bool = False) -> None:
     _remove_quiet_filters(flwr)
     if verbose:
         os.environ.setdefault("FLWR_LOG_LEVEL", "DEBUG")
-        flwr.propagate = True
-        for name in ("ray", "ray.data", "ray.tune", "ray.serve"):
-            logging.getLogger(name).setLevel(logging.NOTSET)
+        flwr.propagate = False  # Flower's own handler shows everything; the root one would double it
+        logging.getLogger("ray").setLevel(logging.NOTSET)
         warnings.simplefilter("default")
         _flwr_console_level(logging.DEBUG)
         return
-    # Warnings and errors of Flower's ClientApp actors still reach the console; INFO does not.
-    os.environ.setdefault("FLWR_LOG_LEVEL", "WARNING")
     flwr.addFilter(QuietFilter())
     flwr.propagate = False  # Flower has its own console handler; the root one only duplicates
     logging.getLogger("ray").setLevel(logging.ERROR)

@@ -61,7 +61,7 @@ def test_plain_progress_prints_every_tenth_and_every_30_seconds():
     assert all("ETA" in line for line in lines[1:-1])
     fast = [line for line, t in zip(lines, out.times, strict=True) if 0 < t <= 5.0]
     assert [line.split(" (")[1].split(")")[0] for line in fast] == ["10 %", "20 %", "30 %", "40 %", "50 %"]
-    gaps = [b - a for a, b in zip(out.times, out.times[1:])]
+    gaps = [b - a for a, b in zip(out.times, out.times[1:], strict=False)]
     assert max(gaps) <= 30.0 + 1e-9  # a slow step never leaves the log silent for more than 30 s
     assert len(lines) < 30
 
@@ -167,8 +167,9 @@ def test_configure_console_quiet_then_verbose(monkeypatch):
             flwr.warning("a real warning")
             assert stream.getvalue() == "a real warning\n" and flwr.propagate is False
             assert logging.getLogger("ray").level == logging.ERROR
-            assert os.environ["FLWR_LOG_LEVEL"] == "WARNING"
+            assert "FLWR_LOG_LEVEL" not in os.environ  # Flower's own processes keep their log files whole
             configure_console(True)
+            assert os.environ["FLWR_LOG_LEVEL"] == "DEBUG"
             flwr.debug("Registered 2 nodes")
             assert stream.getvalue().endswith("Registered 2 nodes\n")
     finally:
