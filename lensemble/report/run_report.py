@@ -339,13 +339,14 @@ def pct1(x: float) -> str:
 
 def success_table(reports: Mapping[str, EvalReport], labels: Mapping[str, str]) -> list[str]:
     """Markdown rows: one per model, successes, rate with its 95 % Wilson interval."""
-    lines = ["| model | successes | success rate [95 % Wilson] | ms per action | planner | checkpoint |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| model | successes | success rate [95 % Wilson] | ms per action | planner | checkpoint | "
+             "successes on a valid route |", "|---|---|---|---|---|---|---|"]
     for arm, r in reports.items():
         lo, hi = r.success_ci
+        valid = getattr(r, "n_route_valid_successes", None)
         lines.append(f"| {labels.get(arm, arm)} | {r.n_successes}/{r.n_episodes} | {pct1(r.success_rate)} % "
                      f"[{pct1(lo)}, {pct1(hi)}] | {r.time_per_action_ms:.1f} | {r.planner} | "
-                     f"`{r.checkpoint_hash[:12]}…` |")
+                     f"`{r.checkpoint_hash[:12]}…` | {'–' if valid is None else f'{valid}/{r.n_episodes}'} |")
     return lines
 
 
@@ -398,7 +399,8 @@ def render_run_markdown(cfg: LensembleConfig, summary: dict, drift: dict[int, di
         lines += ["A difference is read as better or worse only when its 95 % interval (Newcombe's, from the "
                   "two Wilson intervals) excludes 0; otherwise it is not distinguishable at this n. The "
                   "interval treats the episodes of two models as independent, which is conservative for "
-                  "the same tasks.", "",
+                  "the same tasks. Success is the environment's flag; the last column counts the successes "
+                  "whose every step crossed the wall only through a door (docs/evaluation.md).", "",
                   f"![Success with 95 % Wilson intervals]({FIG_DIR}/success.png)", ""]
         lines += ["EvalReports: " + ", ".join(f"`{EVAL_DIR}/{a}.json`" for a in evaluation.reports), ""]
 
