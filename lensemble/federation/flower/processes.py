@@ -15,6 +15,10 @@ simulation process), by PID, SIGTERM first and SIGKILL after a grace period.
 :func:`stage_app` copies the Flower app (pyproject.toml, lensemble/, configs/) to a clean folder:
 ``flwr run`` builds the FAB by walking every file under the app folder, and a ``.venv`` inside the
 checkout makes that take 15-30 s per run.
+
+:func:`start_ray_head` starts a one-node Ray cluster of its own (``ray start --head --block``, every
+port picked free) for the cluster test and drills; :func:`processes_mentioning` finds what is left
+of it by its temp dir.
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ def venv_bin() -> Path:
     return Path(sys.executable).parent
 
 
-def flower_env(home: Path | str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment for a Flower process whose ``FLWR_HOME`` is ``home``."""
+def flower_env(home: Path | str, extra: Mapping[str, str | None] | None = None) -> dict[str, str]:
+    """Environment for a Flower process whose ``FLWR_HOME`` is ``home``; an ``extra`` value of
+    None removes that variable (e.g. ``RAY_ADDRESS`` for a private Ray)."""
     env = dict(os.environ)
     env.update({
         "FLWR_HOME": str(home),
@@ -50,7 +55,11 @@ def flower_env(home: Path | str, extra: Mapping[str, str] | None = None) -> dict
         "PATH": f"{venv_bin()}{os.pathsep}{env.get('PATH', '')}",
         "PYTHONUNBUFFERED": "1",
     })
-    env.update(dict(extra or {}))
+    for key, value in dict(extra or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     Path(home).mkdir(parents=True, exist_ok=True)
     return env
 
@@ -60,6 +69,20 @@ def free_port(host: str = LOOPBACK) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def free_ports(n: int, host: str = LOOPBACK) -> list[int]:
+    """``n`` distinct TCP ports that were free a moment ago (all held open while picking)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def port_open(host: str, port: int) -> bool:
@@ -265,6 +288,71 @@ def flwr_cli(args: Sequence[str], *, home: Path | str, cwd: Path | str | None = 
                           capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
 
 
+# ------------------------------------------------------------------ a Ray head of our own (tests, drills)
+def start_ray_head(workdir: Path | str, *, num_cpus: int = 2, num_gpus: int = 0, port: int | None = None,
+                   temp_dir: Path | str | None = None, object_store_mb: int = 256,
+                   ready_timeout_s: float = 180.0, name: str = "ray-head") -> FlowerProcess:
+    """Start ``ray start --head --block`` (a one-node Ray cluster) and wait until it is up.
+
+    ``--block`` keeps the ``ray start`` process in the foreground with GCS, raylet and the agents
+    as its descendants, so :meth:`FlowerProcess.stop` ends the whole head by PID (``ray stop``
+    would stop every Ray process on the machine, other users' included). Every port it opens
+    (GCS, node and object manager, agents, client server, dashboard, metrics) is picked free,
+    so it does not collide with another Ray on the machine. Connect with
+    ``RAY_ADDRESS=127.0.0.1:<port>`` (Ray advertises the host's own address and listens on all
+    interfaces; 127.0.0.1 reaches it from this host). ``temp_dir`` (Ray's sessions, sockets and
+    logs) must be short (Unix socket paths are limited to 107 bytes); default
+    ``<workdir>/ray``. The returned process's ``port`` is the GCS port.
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    temp = Path(temp_dir or workdir / "ray")
+    temp.mkdir(parents=True, exist_ok=True)
+    flags = ("--node-manager-port", "--object-manager-port", "--ray-client-server-port", "--dashboard-port",
+             "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port",
+             "--metrics-export-port")
+    ports = free_ports(len(flags) + 1)
+    port = port or ports[-1]
+    argv = [str(venv_bin() / "ray"), "start", "--head", "--block", "--port", str(port),
+            "--node-ip-address", LOOPBACK, "--num-cpus", str(int(num_cpus)), "--num-gpus", str(int(num_gpus)),
+            "--disable-usage-stats", "--include-dashboard", "false", "--temp-dir", str(temp),
+            "--object-store-memory", str(int(object_store_mb) * 1024 * 1024)]
+    for flag, free in zip(flags, ports[:-1], strict=True):
+        argv += [flag, str(free)]
+    proc = _spawn(name, argv, home=workdir / f"{name}-home", workdir=workdir, port=port,
+                  env_extra={"RAY_ADDRESS": None, "RAY_USAGE_STATS_ENABLED": "0"}, cwd=workdir)
+    end = time.monotonic() + ready_timeout_s
+    try:
+        while "Ray runtime started" not in proc.log_text():
+            if not proc.alive():
+                raise RuntimeError(f"ray start exited with code {proc.popen.returncode}:\n{proc.log_text()[-3000:]}")
+            if time.monotonic() > end:
+                raise TimeoutError(f"the Ray head did not start within {ready_timeout_s:g} s:\n"
+                                   f"{proc.log_text()[-3000:]}")
+            time.sleep(0.5)
+        wait_for_port(proc, LOOPBACK, port, max(1.0, end - time.monotonic()))
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs of live processes whose command line contains ``text`` (e.g. a Ray head's temp dir:
+    its GCS, raylet, agents and log monitor carry it; workers rename themselves ``ray::...``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline and _alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
 def stage_app(src_root: Path | str, dest: Path | str) -> Path:
     """Copy the Flower app (pyproject.toml, .gitignore, lensemble/, configs/) to ``dest``.
 
@@ -283,7 +371,7 @@ def stage_app(src_root: Path | str, dest: Path | str) -> Path:
 
 
 __all__ = [
-    "LOOPBACK", "FlowerProcess", "TLSFiles", "venv_bin", "flower_env", "free_port", "port_open",
+    "LOOPBACK", "FlowerProcess", "TLSFiles", "venv_bin", "flower_env", "free_port", "free_ports", "port_open",
     "descendants", "wait_for_port", "start_superlink", "stop_all", "write_cli_config", "flwr_cli",
-    "stage_app",
+    "stage_app", "start_ray_head", "processes_mentioning",
 ]

@@ -16,6 +16,21 @@ does what ``flwr run`` does for a local simulation federation, with processes it
    process it started (SuperExec, the simulation runtime, Ray) by PID when the run ends — also on
    an error or Ctrl-C.
 
+**On a cluster** (``ray_address``): Flower's simulation runtime calls ``ray.init()`` with no
+address and its federation config has no address key, so the address travels the way Ray reads
+it, as ``RAY_ADDRESS`` in the SuperLink's environment, inherited by SuperExec and the
+``flwr-simulation`` process (verified: the virtual clients run as actors of the existing cluster,
+tests/integration/test_ray_cluster.py). Without ``ray_address`` the variable is removed, so a
+stray ``RAY_ADDRESS`` never moves a run onto a shared cluster. ``client_cpus`` / ``client_gpus``
+are each virtual SuperNode's Ray resources (Flower 1.42 passes CPUs (an integer) and GPUs (a
+fraction is allowed), not memory). Placement is not part of the config: where a run executes
+does not change its config hash, manifest or checkpoints; it is recorded in
+``<run_dir>/flower/placement.json``. Actors run in the working directory of the ``ray start``
+that started their host's raylet, on whichever host Ray picks, and a silo's rounds may land on
+different hosts: so ``data.root`` and ``federation.state_dir`` must be absolute, and, across
+hosts, on storage every host mounts at the same path (with the run folder, which holds the
+participants' state by default) — see docs/federation.md, "On a cluster".
+
 The ServerApp and ClientApp are the module-level apps of the FAB (``[tool.flwr.app.components]``),
 i.e. the real :class:`~lensemble.federation.coordinator.Coordinator` and
 :func:`~lensemble.federation.participant.participant_round`. The coordinator writes
@@ -38,6 +53,7 @@ from lensemble.federation.flower.processes import (
     LOOPBACK,
     flower_env,
     free_port,
+    port_open,
     stage_app,
     start_superlink,
     venv_bin,
@@ -73,19 +89,70 @@ def write_run_config(path: Path, cfg: LensembleConfig, run_dir: Path, state_dir:
     return path
 
 
+def _number(x: float) -> str:
+    # TOML-typed value for --federation-config: 1 stays "1" (an int), 0.5 is "0.5"
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def federation_config(num_supernodes: int, *, client_cpus: int = 1, client_gpus: float = 0.0) -> str:
+    """The ``--federation-config`` string: C virtual SuperNodes, each a Ray actor holding
+    ``client_cpus`` CPUs and ``client_gpus`` GPUs (the GPU key is left out at 0: Ray's default)."""
+    out = f"num-supernodes={int(num_supernodes)} client-resources-num-cpus={int(client_cpus)}"
+    if client_gpus:
+        out += f" client-resources-num-gpus={_number(client_gpus)}"
+    return out
+
+
+def check_placement(cfg: LensembleConfig, *, ray_address: str | None, client_cpus: int,
+                    client_gpus: float) -> None:
+    """ConfigError for a placement that cannot work, before anything starts."""
+    if isinstance(client_cpus, bool) or int(client_cpus) != client_cpus or client_cpus < 1:
+        raise ConfigError(f"client CPUs must be a whole number >= 1, got {client_cpus!r}",
+                          remediation="Flower's client-resources-num-cpus is an integer: pass --client-cpus 1, 2, ...")
+    if isinstance(client_gpus, bool) or not float(client_gpus) >= 0:
+        raise ConfigError(f"client GPUs must be >= 0, got {client_gpus!r}",
+                          remediation="pass --client-gpus 1 (one GPU per participant) or a fraction such as 0.5")
+    if cfg.train.device != "cpu" and not client_gpus:
+        raise ConfigError(f"train.device={cfg.train.device} on the ray engine needs GPUs per virtual client",
+                          remediation="pass --client-gpus 1 (Ray hides every GPU from an actor that reserves "
+                                      "none), or train.device=cpu")
+    if ray_address is None:
+        return
+    relative = [f"{name}={value}" for name, value in (("data.root", cfg.data.root),
+                                                      ("federation.state_dir", cfg.federation.state_dir))
+                if value is not None and not Path(value).is_absolute()]
+    if relative:
+        raise ConfigError(
+            f"on a Ray cluster {' and '.join(relative)} would resolve in each worker's own working "
+            "directory (where its host's `ray start` ran), not here",
+            remediation="give an absolute path, on storage every host mounts at the same path "
+                        "(docs/federation.md, 'On a cluster')")
+    host, sep, port = ray_address.rpartition(":")
+    if sep and port.isdigit() and "://" not in ray_address and not port_open(host or LOOPBACK, int(port)):
+        raise ConfigError(f"no Ray cluster answers at {ray_address}",
+                          remediation="start the head first (`ray start --head --port ...`, docs/federation.md "
+                                      "'On a cluster'), or leave out --ray-address for a private Ray")
+
+
 def _deadline_s(cfg: LensembleConfig) -> float:
     fed = cfg.federation
     return STARTUP_ALLOWANCE_S + fed.rounds * (1 + fed.round_retries) * (fed.round_timeout_s + 60.0)
 
 
 def run_with_flwr(cfg: LensembleConfig, run_dir: str | Path, *, progress: bool = True,
-                  verbose: bool = False) -> dict:
+                  verbose: bool = False, ray_address: str | None = None, client_cpus: int = 1,
+                  client_gpus: float = 0.0) -> dict:
     """Run (or resume) ``cfg``'s federation through ``flwr run`` on a local simulation SuperLink.
 
     Returns the coordinator's summary. ``verbose`` also streams Flower's own log lines (INFO,
     DEBUG, warnings); by default only the ServerApp's ``[lensemble]`` lines and errors are shown.
-    Raises RoundError (with the end of the log) when the run does not finish.
+    ``ray_address`` (``host:port`` of a running cluster's GCS, or ``auto``) runs the virtual
+    clients on that cluster instead of a private Ray; ``client_cpus`` / ``client_gpus`` are each
+    virtual client's Ray resources. None of the three is part of the config (see the module
+    docstring). Raises ConfigError for a placement that cannot work, RoundError (with the end of
+    the log) when the run does not finish.
     """
+    check_placement(cfg, ray_address=ray_address, client_cpus=client_cpus, client_gpus=client_gpus)
     run_dir = Path(run_dir).resolve()
     work = run_dir / "flower"
     work.mkdir(parents=True, exist_ok=True)
@@ -95,12 +162,16 @@ def run_with_flwr(cfg: LensembleConfig, run_dir: str | Path, *, progress: bool =
     state_dir = Path(cfg.federation.state_dir or run_dir / "nodes").resolve()
     run_config = write_run_config(work / "run-config.toml", cfg, run_dir, state_dir, progress)
     cli_home = work / "cli-home"
-    link = start_superlink(work, port=free_port(), simulation=True, cwd=Path.cwd())
+    fed_config = federation_config(cfg.data.num_silos, client_cpus=client_cpus, client_gpus=client_gpus)
+    (work / "placement.json").write_text(json.dumps(
+        {"ray_address": ray_address, "federation_config": fed_config, "cwd": os.getcwd()}, indent=1) + "\n")
+    # Ray reads its cluster address from RAY_ADDRESS; SuperExec and flwr-simulation inherit it.
+    link = start_superlink(work, port=free_port(), simulation=True, cwd=Path.cwd(),
+                           env_extra={"RAY_ADDRESS": ray_address})
     try:
         write_cli_config(cli_home, {CONNECTION: {"address": f"{LOOPBACK}:{link.port}", "insecure": True}})
         argv = [str(venv_bin() / "flwr"), "run", str(app), CONNECTION, "--stream",
-                "--run-config", str(run_config),
-                "--federation-config", f"num-supernodes={cfg.data.num_silos} client-resources-num-cpus=1"]
+                "--run-config", str(run_config), "--federation-config", fed_config]
         log_path = work / "flwr-run.log"
         rc = _stream(argv, env=flower_env(cli_home), log_path=log_path, deadline_s=_deadline_s(cfg),
                      show_all=verbose, show=progress)
@@ -146,4 +217,4 @@ def _worth_showing(line: str) -> bool:
             or "ERROR" in text)
 
 
-__all__ = ["run_with_flwr", "app_root", "write_run_config"]
+__all__ = ["run_with_flwr", "app_root", "write_run_config", "federation_config", "check_placement"]
