@@ -26,6 +26,17 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+# [device] Where training / planning run: "cpu" (the default, bitwise reproducible) or a CUDA device.
+# Added after runs had been hashed: left out of the dump at "cpu" so every earlier hash stays valid.
+DEVICE_PATTERN = r"^(cpu|cuda(:\d+)?)$"
+
+
+def _omit_cpu_device(out: dict) -> dict:
+    if out.get("device") == "cpu":
+        out.pop("device")
+    return out
+
+
 class ModelConfig(_Section):
     """Encoder (timm ViT) and predictor sizes. Latents are ``latent_dim``-dimensional."""
 
@@ -99,6 +110,13 @@ class TrainConfig(_Section):
     checkpoint_every: int = Field(0, ge=0, description="0: only the final checkpoint")
     threads: int = Field(1, ge=1, description="torch intra-op threads for training (2 was 3-4x slower on a loaded 2-core box)")
     warmstart_steps: int = Field(300, ge=1, description="steps of the public-data warm start")
+    device: str = Field("cpu", pattern=DEVICE_PATTERN,
+                        description="cpu | cuda | cuda:N: where the inner loop (and the warm start) trains; "
+                                    "weights travel and are aggregated on the CPU either way (docs/federation.md)")
+
+    @model_serializer(mode="wrap")
+    def _omit_added_defaults(self, handler):
+        return _omit_cpu_device(handler(self))
 
 
 class EnvConfig(_Section):
@@ -188,6 +206,13 @@ class EvalConfig(_Section):
     budget: int = Field(50, ge=1, description="env steps allowed per episode")
     seed: int = 0
     heldout_factors: list[str] = Field(default_factory=list)
+    device: str = Field("cpu", pattern=DEVICE_PATTERN,
+                        description="cpu | cuda | cuda:N: where closed-loop encoding and planning run "
+                                    "(the ladder stays on the CPU)")
+
+    @model_serializer(mode="wrap")
+    def _omit_added_defaults(self, handler):
+        return _omit_cpu_device(handler(self))
 
     @model_validator(mode="after")
     def _check(self):
