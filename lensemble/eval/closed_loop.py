@@ -57,7 +57,7 @@ from lensemble.envs.factors import TWOROOM, factor_spec, supported_envs
 from lensemble.errors import ConfigError, EvaluationError
 from lensemble.eval.controls import RandomActionPolicy, goal_expert
 from lensemble.eval.ladder import LadderSettings, run_ladder
-from lensemble.eval.mpc import Planner
+from lensemble.eval.mpc import Planner, WorldModelOnDevice, module_device
 from lensemble.eval.reports import EpisodeRecord, EvalReport
 from lensemble.eval.routes import RouteTracker, TwoRoomDynamics
 from lensemble.model.world_model import world_model_from_state
@@ -266,6 +266,10 @@ def planner_plan_fn(model, planner: Planner, receding_horizon: int, execute: str
     s = planner.num_samples
 
     def plan(z_hist, past, z_goal, init):
+        dev = module_device(pred)  # [device] plan where the predictor is (a no-op on the CPU)
+        z_hist, z_goal = z_hist.to(dev), z_goal.to(dev)
+        past = past.to(dev) if past is not None else None
+        init = init.to(dev) if init is not None else None
         with torch.inference_mode():
             state = pred.prepare(z_hist, past)
 
@@ -560,9 +564,11 @@ def evaluate(
     values, held_out = eval_factor_values(cfg, env_id, split)
     specs = episode_specs(eval_cfg.seed, n, values)
     envs = [make_env(env_id, model.cfg.img_size) for _ in range(min(int(parallel), n))]
+    on_device = WorldModelOnDevice(model, eval_cfg.device)  # [device] closed loop on eval.device
     try:
         plan_fn = planner_plan_fn(model, planner, eval_cfg.receding_horizon) if policy == "mpc" else None
         oracle = _oracle_planner(eval_cfg, info, block) if policy == "oracle" else None
+        on_device.__enter__()
         with progress_bar(f"evaluate {policy} {split}", n, enabled=progress) as advance:
             loop = run_closed_loop(model, envs, specs, eval_cfg, plan_fn=plan_fn, eval_seed=eval_cfg.seed,
                                    advance=advance, oracle=oracle)
@@ -582,11 +588,13 @@ def evaluate(
                                          eval_seed=derive(eval_cfg.seed, "transfer"), advance=advance, oracle=oracle)
             transfer_rate = t_loop.success_rate
 
+        on_device.__exit__(None, None, None)  # [device] the ladder runs on the CPU
         ladder_fields: dict = {}
         if ladder:
             ladder_fields = _ladder_fields(model, cfg, env_id, split, values, envs[0], eval_cfg.seed,
                                            progress, ladder_settings)
     finally:
+        on_device.__exit__(None, None, None)
         for env in envs:
             env.close()
 

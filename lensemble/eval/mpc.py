@@ -426,4 +426,38 @@ class Planner:
         )
 
 
-__all__ = ["Planner", "latent_l1_cost", "shift_plan"]
+# ------------------------------------------------------------------------------------- [device]
+def module_device(module: torch.nn.Module) -> torch.device:
+    """The device of ``module``'s first parameter (CPU for a module without any)."""
+    return next((p.device for p in module.parameters()), torch.device("cpu"))
+
+
+class WorldModelOnDevice:
+    """``with WorldModelOnDevice(model, "cuda"):`` the world model's weights on the device, its
+    encoder taking CPU frames (a forward pre-hook moves them); on exit everything is back on the
+    CPU. The planner follows its inputs' device (candidates, noise and cost on ``z0.device``), so
+    closed-loop planning runs where the model is. On ``"cpu"`` it does nothing at all."""
+
+    def __init__(self, model: torch.nn.Module, device: str | torch.device = "cpu"):
+        self.model, self.device = model, torch.device(device)
+        self._hook = None
+
+    def __enter__(self):
+        if self.device.type != "cpu":
+            self.model.to(self.device)
+            device = self.device
+            self._hook = self.model.encoder.register_forward_pre_hook(
+                lambda module, args: tuple(a.to(device) if torch.is_tensor(a) else a for a in args))
+        return self.model
+
+    def __exit__(self, *exc):
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+            self.model.to("cpu")
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        return False
+
+
+__all__ = ["Planner", "latent_l1_cost", "shift_plan", "module_device", "WorldModelOnDevice"]

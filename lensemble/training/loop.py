@@ -38,6 +38,7 @@ class InnerLoop:
             raise ValueError("the model has no trainable parameters")
         self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
         self.steps_done = 0  # optimizer steps taken by this loop (drives the warm-up)
+        self.device = torch.device(getattr(cfg.train, "device", "cpu"))  # [device]
 
     def lr_at(self, step: int) -> float:
         warm = self.cfg.train.warmup_steps
@@ -49,8 +50,12 @@ class InnerLoop:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         batch = self.sampler.sample(self.cfg.train.batch_size, generator)
+        obs, actions = batch.obs, batch.actions
+        if self.device.type != "cpu":  # [device] batches are drawn on the CPU, trained on the device
+            obs, actions = obs.to(self.device), actions.to(self.device)
+            sketch = sketch.to(self.device)
         self.model.train()
-        terms = self.objective(self.model, batch.obs, batch.actions, sketch)
+        terms = self.objective(self.model, obs, actions, sketch)
         self.optimizer.zero_grad(set_to_none=True)
         terms.total.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.cfg.train.grad_clip)
@@ -67,6 +72,12 @@ class InnerLoop:
         (effective dimension, latent std) cost an eigendecomposition, so they are computed only
         every ``log_every`` steps and on the last one.
         """
+        if self.device.type != "cpu":  # [device] on the device for these steps, back on the CPU after
+            with _on_device(self.model, self.optimizer, self.device):
+                return self._run(num_steps, sketch_fn, generator, on_step, log_every)
+        return self._run(num_steps, sketch_fn, generator, on_step, log_every)
+
+    def _run(self, num_steps, sketch_fn, generator, on_step, log_every) -> dict[str, float]:
         last: dict[str, float] = {}
         for i in range(num_steps):
             terms, grad_norm = self.step(sketch_fn(i), generator)
@@ -88,3 +99,44 @@ class InnerLoop:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps_done = int(state["steps_done"])
+
+
+# ------------------------------------------------------------------------------------- [device]
+def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    # AdamW keeps "step" on the CPU unless capturable/fused (what load_state_dict also does)
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if key != "step" and torch.is_tensor(value):
+                state[key] = value.to(device)
+
+
+class _on_device:
+    """Model, optimizer state and encoder inputs on ``device`` inside the block; everything back on
+    the CPU after it, so callers (the participant's pseudo-gradient, checkpoints, the saved inner
+    state) see CPU tensors exactly as on the CPU path. ``Module.to`` keeps each Parameter object
+    (it swaps ``.data``), so the optimizer's references stay valid. A forward pre-hook moves the
+    encoder's inputs (e.g. an anchor's CPU probe frames) to the device."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device):
+        self.model, self.optimizer, self.device = model, optimizer, device
+        self._hook = None
+
+    def __enter__(self):
+        self.model.to(self.device)
+        _move_optimizer_state(self.optimizer, self.device)
+        device = self.device
+
+        def inputs_to_device(module, args):
+            return tuple(a.to(device) if torch.is_tensor(a) else a for a in args)
+
+        self._hook = self.model.encoder.register_forward_pre_hook(inputs_to_device)
+        return self
+
+    def __exit__(self, *exc):
+        self._hook.remove()
+        self.model.to("cpu")
+        _move_optimizer_state(self.optimizer, torch.device("cpu"))
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # leave the GPU to the next process (the coordinator warm-starts on it)
+        return False
+
