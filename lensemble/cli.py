@@ -130,6 +130,13 @@ def run(engine: str = typer.Option("ray", help="ray (Flower simulation engine) |
         evaluate: bool = typer.Option(True, "--eval/--no-eval",
                                       help="evaluate the final model, the warm start and random actions"),
         verbose: bool = VERBOSE,
+        # [cluster] placement options (engine ray): not part of the config, so not of its hash
+        ray_address: str = typer.Option(None, "--ray-address",
+                                        help="run the virtual clients on this running Ray cluster (its head's "
+                                             "host:port, or auto); default: a private Ray (docs/federation.md)"),
+        client_cpus: int = typer.Option(1, "--client-cpus", help="Ray CPUs per virtual client (engine ray)"),
+        client_gpus: float = typer.Option(0.0, "--client-gpus",
+                                          help="Ray GPUs per virtual client (engine ray; 1: one GPU per participant)"),
         overrides: list[str] = OVERRIDES):
     """Run a federated DiLoCo training (resumes a run folder that already holds rounds), evaluate
     the final global model against the warm start and random actions, and write runs/<name>/report.md."""
@@ -141,13 +148,18 @@ def run(engine: str = typer.Option("ray", help="ray (Flower simulation engine) |
 
     try:
         cfg = _load(overrides)
+        placed = ray_address is not None or client_cpus != 1 or client_gpus != 0  # [cluster]
+        if placed and engine != "ray":
+            raise ConfigError("--ray-address, --client-cpus and --client-gpus place Ray's virtual clients",
+                              remediation="use them with --engine ray")
         with Heartbeat(RoundWatch(cfg, cfg.run_dir).status):
-            if verbose and engine == "ray":
-                # run_federated_simulation has no verbose switch; the flwr-run engine has one
-                # (it then streams Flower's own lines, not only the ServerApp's).
+            if engine == "ray" and (verbose or placed):
+                # run_federated_simulation has no verbose switch nor placement; the flwr-run engine
+                # has both (verbose streams Flower's own lines, not only the ServerApp's).
                 from lensemble.federation.flower.runtime import run_with_flwr
 
-                summary = run_with_flwr(cfg, cfg.run_dir, verbose=True)
+                summary = run_with_flwr(cfg, cfg.run_dir, verbose=verbose, ray_address=ray_address,
+                                        client_cpus=client_cpus, client_gpus=client_gpus)
             else:
                 summary = run_federated_simulation(cfg, cfg.run_dir, engine=engine)
         evaluation = evaluate_run(cfg.run_dir, cfg, eval_episodes) if evaluate else None

@@ -91,3 +91,16 @@ def _check(cfg, summary, head, family, ray_tmp, tmp_path, before):
     assert not [p for p in family if _alive(p)]
     assert processes_mentioning(str(ray_tmp)) == []
     assert set(descendants(os.getpid())) <= before
+
+
+def test_cli_placement_options_need_the_ray_engine(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from lensemble.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["run", "--engine", "inprocess", "--client-gpus", "1", "--no-eval",
+                                      "experiment=micro"])
+    assert result.exit_code == 2
+    assert "--engine ray" in result.output
+    assert not (tmp_path / "runs").exists()  # refused before anything ran
