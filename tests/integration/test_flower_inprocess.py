@@ -312,3 +312,19 @@ def test_real_sides_match_the_framework_free_engine(tmp_path):
     last = flower["rounds"][-1]
     assert last["fed/participants"] == 2 and last["dropped"] == {}
     assert last["fed/comm_bytes"] > 0
+
+
+def test_busy_nodes_are_neither_asked_nor_counted():
+    """wait_for_nodes: a busy node (message outstanding) is not waited for when enough others are
+    free, and never counts towards the quorum: with every node busy it waits, then says so."""
+    from lensemble.federation.flower.transport import wait_for_nodes
+
+    class Grid:
+        def get_node_ids(self):
+            return [11, 22]
+
+    start = time.monotonic()
+    assert wait_for_nodes(Grid(), want=1, hope=2, deadline_s=5, busy=lambda: {11}) == [22]
+    assert time.monotonic() - start < 1  # no grace wait for the busy one
+    with pytest.raises(FaultToleranceExceeded, match="2 more still busy"):
+        wait_for_nodes(Grid(), want=1, hope=2, deadline_s=0.3, poll_s=0.05, busy=lambda: {11, 22})

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flwr.app import ArrayRecord, Message, RecordDict
-from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
 
 from lensemble import errors
@@ -96,7 +96,9 @@ def wait_for_nodes(grid: Grid, *, want: int, hope: int, deadline_s: float,
         taken = busy() if busy is not None else set()
         ids = [n for n in online if n not in taken]
         now = time.monotonic()
-        if len(ids) >= hope - len(taken & set(online)):
+        # all the free sites we may hope for (a busy one is not waited for), but never fewer than
+        # the quorum: with too few free, wait for busy ones to answer, up to the deadline
+        if len(ids) >= max(want, hope - len(taken & set(online))):
             return ids
         if len(ids) >= want:
             enough_since = enough_since if enough_since is not None else now
@@ -272,21 +274,39 @@ class GridAsk:
                     for nid in node_ids]
         per_node = record_nbytes(global_rec) + (record_nbytes(extras_rec) if extras_rec is not None else 0)
         ids = list(self.grid.push_messages(messages))
-        pending = dict(zip(ids, node_ids, strict=True))
+        ids += [None] * (len(node_ids) - len(ids))  # a grid reports a message it could not push as None
+        pending = {str(mid): nid for mid, nid in zip(ids, node_ids, strict=False) if mid}
+        unsent = [nid for mid, nid in zip(ids, node_ids, strict=False) if not mid]
         sent = time.monotonic()
         replies: list[Message] = []
+        offline: dict[int, float] = {}  # nodes the link reported gone mid-round -> seconds in
         # The deadline counts from when the messages left, as Flower's send_and_receive does.
         while pending and time.monotonic() - sent < deadline_s:
             _cancelled(self.cancel)
             got = list(self.grid.pull_messages(list(pending)))
             for msg in got:
-                if pending.pop(msg.metadata.reply_to_message_id, None) is not None:
-                    replies.append(msg)
+                nid = pending.pop(msg.metadata.reply_to_message_id, None)
+                if nid is None:
+                    continue
+                if int(msg.metadata.src_node_id) == SUPERLINK_NODE_ID and msg.has_error():
+                    # The link answered for the node: it went offline (missed heartbeats), or the
+                    # message expired unanswered while the node may still be working on it.
+                    if msg.error.code == ErrorCode.NODE_UNAVAILABLE:
+                        offline[nid] = time.monotonic() - sent
+                    else:
+                        self.outstanding[nid] = Outstanding("", t, sent)
+                    continue
+                replies.append(msg)
             if pending:
                 time.sleep(min(self.poll_s, max(0.0, deadline_s - (time.monotonic() - sent))))
         for mid, nid in pending.items():
             self.outstanding[nid] = Outstanding(mid, t, sent)
         ok, failures, received = collect_replies(replies, node_ids, timeout_s=deadline_s, labels=self.labels)
+        for nid in unsent:
+            failures[self.labels.get(nid, f"node-{nid}")] = "could not be sent its message (the grid refused it)"
+        for nid, after in offline.items():
+            failures[self.labels.get(nid, f"node-{nid}")] = (f"went offline (missed heartbeats) {after:.0f} s "
+                                                            "into the round, without a reply")
         for nid, o in sorted(self.outstanding.items()):
             if o.round_index != t:
                 who = self.labels.get(nid, f"node-{nid}")
