@@ -323,6 +323,164 @@ def paired_permutation_pvalue(
 
 
 # --------------------------------------------------------------------------------------------
+# The registered paired test: Student t on per-unit (per-seed) differences
+
+
+@dataclass(frozen=True)
+class PairedTTest:
+    """One-sample t on per-unit paired differences (treatment − control), in the registered
+    ``direction``. ``p_confirm`` tests H0: effect ≤ 0 (one-sided; two-sided when registered so);
+    ``p_falsify`` tests H0: effect ≥ δ, the registered effect, so a small p means "the effect is
+    smaller than δ" with error control (rejected at the same level, adjusted the same way).
+    ``ci`` is the two-sided ``level`` t interval of the mean difference."""
+
+    estimate: float
+    se: float
+    df: int
+    n: int
+    sd: float
+    p_confirm: float
+    p_falsify: float
+    ci: Interval
+    direction: Direction
+    delta: float
+
+
+def paired_t_test(
+    differences,
+    *,
+    delta: float,
+    direction: Direction = "increase",
+    two_sided: bool = False,
+    level: float = 0.95,
+) -> PairedTTest:
+    """The study's registered test of one comparison (docs/study.md, "The analysis").
+
+    Args:
+        differences: per-unit paired differences treatment − control (n >= 2), e.g. one per seed
+            (for success: the mean over the seed's paired episodes).
+        delta: the registered effect size (> 0; its sign is ``direction``).
+        direction: "increase" (treatment − control >= δ claimed) or "decrease" (<= −δ).
+        two_sided: confirm with a two-sided p (2 × the one-sided one, capped at 1).
+        level: level of the reported two-sided interval.
+
+    With zero spread (every unit's difference equal) the t statistic is ±inf: p is then 0 when
+    the common difference lies strictly on the tested side, 1 otherwise.
+    """
+    d = as_1d(differences, "differences", min_n=2)
+    if direction not in ("increase", "decrease"):
+        raise EvaluationError(f"direction must be 'increase' or 'decrease', got {direction!r}")
+    if not (math.isfinite(delta) and delta > 0):
+        raise EvaluationError(f"delta must be a positive finite effect size, got {delta}")
+    n = d.size
+    est = float(d.mean())
+    sd = float(d.std(ddof=1))
+    se = sd / math.sqrt(n)
+    df = n - 1
+    s = 1.0 if direction == "increase" else -1.0
+    e = s * est  # the effect in the hypothesised direction
+
+    def upper_tail(x: float) -> float:  # P(T >= x / se) under the null at 0
+        if se == 0.0:
+            return 0.0 if x > 0 else 1.0
+        return float(stats.t.sf(x / se, df))
+
+    p_conf = upper_tail(e)
+    if two_sided:
+        p_conf = min(1.0, 2.0 * min(p_conf, upper_tail(-e)))
+    p_fals = upper_tail(delta - e)  # small when e is well below δ
+    q = float(stats.t.ppf(0.5 + level / 2, df))
+    ci = Interval(est - q * se, est + q * se, level, "student-t")
+    return PairedTTest(est, se, df, n, sd, p_conf, p_fals, ci, direction, float(delta))
+
+
+# --------------------------------------------------------------------------------------------
+# Episode-level tools (per-seed lists of paired episode differences)
+
+
+def _episode_arrays(per_seed) -> list[np.ndarray]:
+    arrays = [as_1d(a, "episode differences", min_n=1) for a in per_seed]
+    if len(arrays) < 2:
+        raise EvaluationError(f"need at least 2 seeds, got {len(arrays)}")
+    return arrays
+
+
+def hierarchical_bootstrap(
+    per_seed,
+    *,
+    n_boot: int = 10_000,
+    seed: int | np.random.Generator = 0,
+    alpha: float = 0.05,
+) -> tuple[float, Interval, float]:
+    """Two-stage bootstrap of the mean paired difference: seeds with replacement, then the
+    paired episodes of each drawn seed with replacement (the pairing kept: an episode's two
+    outcomes move together).
+
+    Args:
+        per_seed: one 1-D array per seed of paired episode differences (treatment − control).
+
+    Returns:
+        (estimate = mean over seeds of the per-seed mean, percentile Interval, bootstrap SE).
+
+    Its variance counts the within-seed spread twice (once in the seed means, once in the
+    resampled episodes), so it is conservative when episode noise dominates and, at a handful
+    of seeds, too narrow when the seed-to-seed (treatment × seed) spread dominates
+    (benchmarks/study_stats_simulation.py): the study reports it beside the registered t test.
+    """
+    alpha = check_alpha(alpha)
+    arrays = _episode_arrays(per_seed)
+    if n_boot < 100:
+        raise EvaluationError(f"n_boot must be at least 100, got {n_boot}")
+    rng = as_rng(seed)
+    means = np.array([a.mean() for a in arrays])
+    est = float(means.mean())
+    n = len(arrays)
+    picks = rng.integers(0, n, size=(n_boot, n))
+    # Every seed's episode resample for every (replicate, slot); slot j of replicate b uses the
+    # resample of the seed drawn there.
+    stacked = np.stack([a[rng.integers(0, a.size, size=(n_boot, n, a.size))].mean(-1) for a in arrays])
+    reps = stacked[picks, np.arange(n_boot)[:, None], np.arange(n)[None, :]].mean(-1)
+    low, high = np.quantile(reps, [alpha / 2, 1 - alpha / 2])
+    return est, Interval(float(low), float(high), 1 - alpha, "hierarchical-bootstrap-percentile"), float(reps.std(ddof=1))
+
+
+def stratified_permutation_pvalue(
+    per_seed,
+    *,
+    alternative: Alternative = "greater",
+    n_perm: int = 20_000,
+    seed: int | np.random.Generator = 0,
+) -> float:
+    """Episode-level sign-flip test stratified by seed: each paired episode's difference flips
+    sign independently (the two arms' outcomes of one episode are exchangeable), the statistic is
+    the mean over seeds of the per-seed mean.
+
+    Exact for the *fixed models* null ("these two trained models do equally well on these
+    episodes"). It is not a test of the training procedures: with a treatment × seed spread it
+    rejects far too often (benchmarks/study_stats_simulation.py), so it never decides a claim.
+    Monte-Carlo, (hits + 1) / (n_perm + 1).
+    """
+    arrays = _episode_arrays(per_seed)
+    if alternative not in ("two-sided", "greater", "less"):
+        raise EvaluationError(f"unknown alternative {alternative!r}")
+    rng = as_rng(seed)
+    observed = float(np.mean([a.mean() for a in arrays]))
+    null = np.zeros(n_perm)
+    for a in arrays:
+        flips = rng.choice(np.array([1.0, -1.0]), size=(n_perm, a.size))
+        null += (flips * a).mean(-1)
+    null /= len(arrays)
+    tol = 1e-12 * max(1.0, max(float(np.abs(a).max()) for a in arrays))
+    if alternative == "greater":
+        hits = np.sum(null >= observed - tol)
+    elif alternative == "less":
+        hits = np.sum(null <= observed + tol)
+    else:
+        hits = np.sum(np.abs(null) >= abs(observed) - tol)
+    return float((hits + 1) / (n_perm + 1))
+
+
+# --------------------------------------------------------------------------------------------
 # Rates
 
 
@@ -594,14 +752,69 @@ def verdict(
     return Verdict(label, reason, float(estimate), (float(low), float(high)), float(delta), direction)
 
 
+def test_verdict(
+    estimate: float,
+    ci: Interval | tuple[float, float],
+    *,
+    delta: float,
+    direction: Direction,
+    p_confirm: float,
+    p_falsify: float,
+    alpha: float = 0.05,
+) -> Verdict:
+    """The registered verdict from two error-controlled tests (both p-values already adjusted for
+    multiplicity, the same way):
+
+    1. **confirmed** if ``p_confirm`` (H0: no effect in the registered direction) is at most α and
+       the estimate reaches δ;
+    2. **falsified** if ``p_falsify`` (H0: the effect is at least δ) is at most α: the data rule out
+       an effect as large as registered, with the error rate of a test;
+    3. **inconclusive** otherwise.
+
+    The two cannot both hold (a falsifying test needs the estimate below δ). The interval is
+    reported, and must agree: a confirmation whose interval does not exclude 0 on the registered
+    side is refused as an internal error by the caller's guard.
+    """
+    if direction not in ("increase", "decrease"):
+        raise EvaluationError(f"direction must be 'increase' or 'decrease', got {direction!r}")
+    if not (math.isfinite(delta) and delta > 0):
+        raise EvaluationError(f"delta must be a positive finite effect size, got {delta}")
+    for name, p in (("p_confirm", p_confirm), ("p_falsify", p_falsify)):
+        if not 0.0 <= p <= 1.0:
+            raise EvaluationError(f"{name} must be in [0, 1], got {p}")
+    low, high = ci.as_tuple() if isinstance(ci, Interval) else (float(ci[0]), float(ci[1]))
+    e = estimate if direction == "increase" else -estimate
+    span = f"[{low:.4g}, {high:.4g}]"
+    if p_confirm <= alpha and e >= delta:
+        label, reason = "confirmed", (f"H0 'no {direction}' rejected (adjusted p {p_confirm:.3g} <= {alpha:g}) and the "
+                                      f"estimate {estimate:.4g} reaches {delta:.4g}; 95% interval {span}")
+    elif p_falsify <= alpha:
+        label, reason = "falsified", (f"H0 'a {direction} of {delta:.4g} or more' rejected (adjusted p "
+                                      f"{p_falsify:.3g} <= {alpha:g}); estimate {estimate:.4g}, 95% interval {span}")
+    elif p_confirm <= alpha:
+        label, reason = "inconclusive", (f"an effect in the registered direction (adjusted p {p_confirm:.3g}) but the "
+                                         f"estimate {estimate:.4g} falls short of {delta:.4g}, which is not ruled out "
+                                         f"(adjusted p {p_falsify:.3g})")
+    else:
+        label, reason = "inconclusive", (f"neither 'no effect' (adjusted p {p_confirm:.3g}) nor 'an effect of "
+                                         f"{delta:.4g} or more' (adjusted p {p_falsify:.3g}) is rejected at {alpha:g}; "
+                                         f"95% interval {span}")
+    return Verdict(label, reason, float(estimate), (float(low), float(high)), float(delta), direction)
+
+
 __all__ = [
+    "PairedTTest",
     "bootstrap_ci",
     "compare_proportions",
+    "hierarchical_bootstrap",
     "holm",
     "mde_paired",
     "mde_two_proportions",
     "paired_difference",
     "paired_permutation_pvalue",
+    "paired_t_test",
+    "stratified_permutation_pvalue",
+    "test_verdict",
     "units_for_paired",
     "verdict",
     "wilson_interval",

@@ -8,9 +8,16 @@ can be rebuilt in a later session from committed files.
 Conventions:
 
 * the unit is the seed; a comparison uses the seeds where both arms have a finite value;
-* paired differences get a BCa bootstrap interval over seeds and an exact sign-flip p-value
-  (one- or two-sided as registered); Holm adjusts the confirmatory family (claims 1 and 2) and,
-  separately, the ladder family (each rung against naive);
+* a success difference of one seed is the mean over its *paired episodes* (the two reports share
+  the goal_spec_hash and the records pair one to one); summaries written before episodes were
+  recorded fall back to the per-seed rate difference (the same number when every episode pairs),
+  and the analysis says so;
+* each comparison is decided by two one-sided paired t tests over seeds (stats.paired_t_test):
+  H0 "no effect" (confirmation) and H0 "an effect of δ or more" (falsification); Holm adjusts both,
+  separately, over every component of the confirmatory family (claims 1 and 2) and over the
+  ladder family (each rung against naive); a claim's p is the largest of its components' adjusted
+  p (intersection-union); a Student-t 95% interval, and for success a hierarchical bootstrap
+  (seeds, then paired episodes) with the within/between-seed variance split, are reported beside;
 * success rates also get a Wilson interval on the episodes pooled over seeds (which ignores the
   seed-to-seed variance, so it is the narrower of the two and never decides a claim);
 * ρ uses :func:`~lensemble.study.gap.gap_recovery` and is undefined when the denominator's interval
@@ -30,10 +37,10 @@ import numpy as np
 
 from lensemble.errors import EvaluationError
 from lensemble.eval.stats import (
-    bootstrap_ci,
+    hierarchical_bootstrap,
     holm,
-    paired_difference,
-    paired_permutation_pvalue,
+    paired_t_test,
+    test_verdict,
     verdict,
     wilson_interval,
 )
@@ -44,8 +51,13 @@ from lensemble.study.registry import load_registry
 from lensemble.study.spec import ALL_ARMS
 
 ROUND_METRICS = ("gauge/drift_angle_deg", "gauge/global_effective_dim", "gauge/global_latent_std",
-                 "gauge/effective_dim", "gauge/pairwise_angle_deg", "gauge/angle_to_warmstart_deg", "loss/pred",
+                 "gauge/effective_dim", "gauge/pairwise_angle_deg", "gauge/angle_to_warmstart_deg",
+                 "gauge/drift_rel_residual_before", "gauge/drift_rotation_share", "gauge/drift_subspace_angle_deg",
+                 "gauge/pairwise_rel_residual_before", "gauge/pairwise_subspace_angle_deg",
+                 "gauge/backstop_angle_deg", "gauge/backstop_aligned_angle_deg", "loss/pred",
                  "loss/sigreg", "loss/anchor", "fed/comm_bytes", "fed/round_seconds")
+RULES = ("corrected (issue 13): one-sided paired t tests for confirmation and falsification, Holm over every "
+         "component, episode pairing for success")
 LABELS = ("confirmed", "falsified", "inconclusive")
 
 
@@ -70,6 +82,9 @@ def _run_values(summary: dict) -> dict:
     curves = {m: [_f(r.get(m)) for r in rounds] for m in ROUND_METRICS}
     return {
         "success": _f(ev.get("success_rate")),
+        "route_valid_success": _f(ev.get("route_valid_success_rate")),
+        "episodes": _episodes(ev),
+        "goal_spec_hash": ev.get("goal_spec_hash"),
         "n_successes": ev.get("n_successes"),
         "n_episodes": ev.get("n_episodes"),
         "effective_dim": _f(ev.get("effective_dim")),
@@ -83,6 +98,27 @@ def _run_values(summary: dict) -> dict:
         "curves": curves,
         "seconds": summary.get("seconds") or {},
     }
+
+
+def _episodes(ev: dict) -> dict[tuple[int, int], float] | None:
+    """{(episode index, episode seed): success 0/1} of one EvalReport, or None (not recorded)."""
+    recs = ev.get("episodes")
+    if not recs:
+        return None
+    return {(int(e["index"]), int(e["seed"])): float(bool(e["success"])) for e in recs}
+
+
+def _combine_episodes(vals: list[dict], how: str) -> tuple[dict | None, str | None]:
+    """The local arm's per-episode outcomes: the mean over silos (or the best silo's), when every
+    silo recorded the same episodes."""
+    eps = [v.get("episodes") for v in vals]
+    hashes = {v.get("goal_spec_hash") for v in vals}
+    if any(e is None for e in eps) or len(hashes) != 1 or len({frozenset(e) for e in eps}) != 1:
+        return None, None
+    if how == "best":
+        best = max(range(len(vals)), key=lambda i: (vals[i]["success"] or 0.0, -i))
+        return eps[best], vals[best].get("goal_spec_hash")
+    return {k: float(np.mean([e[k] for e in eps])) for k in eps[0]}, next(iter(hashes))
 
 
 def arm_values(cell: dict, arm: str, summaries: dict, local_reference: str = "mean") -> dict[int, dict]:
@@ -108,20 +144,27 @@ def arm_values(cell: dict, arm: str, summaries: dict, local_reference: str = "me
             "one_step_error": _mean([v["one_step_error"] for v in vals]),
             "drift_final": None, "drift_mean": None, "curves": {},
             "silos": {str(k): v["success"] for k, v in enumerate(vals)},
+            "route_valid_success": _mean([v["route_valid_success"] for v in vals]),
             "seconds": {"train": sum(v["seconds"].get("train", 0) for v in vals),
                         "eval": sum(v["seconds"].get("eval", 0) for v in vals)},
         }
         combined["success"] = combined["success_best" if local_reference == "best" else "success_mean"]
+        combined["episodes"], combined["goal_spec_hash"] = _combine_episodes(vals, local_reference)
         out[int(seed)] = combined
     return out
 
 
 # ================================================================================== statistics
 def _interval(values: list[float], n_boot: int) -> list[float] | None:
+    """95% Student-t interval of the mean over seeds (a bootstrap over a handful of seeds under-covers:
+    benchmarks/study_stats_simulation.py)."""
     if len(values) < 2:
         return None
-    _, ci = bootstrap_ci(np.asarray(values, float), n_boot=n_boot, seed=0)
-    return [ci.low, ci.high]
+    from scipy import stats as _st
+
+    x = np.asarray(values, float)
+    half = float(_st.t.ppf(0.975, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size))
+    return [float(x.mean() - half), float(x.mean() + half)]
 
 
 def _describe(per_seed: dict[int, dict], metric: str, n_boot: int) -> dict:
@@ -135,8 +178,8 @@ def arm_stats(per_seed: dict[int, dict], n_boot: int) -> dict:
     k = sum(int(v.get("n_successes") or 0) for v in per_seed.values())
     n = sum(int(v.get("n_episodes") or 0) for v in per_seed.values())
     out = {"seeds": sorted(per_seed), "n_seeds": len(per_seed)}
-    for metric in ("success", "success_best", "effective_dim", "latent_std", "drift_final", "drift_mean",
-                   "probe_r2", "one_step_error"):
+    for metric in ("success", "success_best", "route_valid_success", "effective_dim", "latent_std", "drift_final",
+                   "drift_mean", "probe_r2", "one_step_error"):
         if any(metric in v for v in per_seed.values()):
             out[metric] = _describe(per_seed, metric, n_boot)
     out["pooled_success"] = ({"successes": k, "episodes": n, "rate": k / n,
@@ -161,43 +204,78 @@ def arm_stats(per_seed: dict[int, dict], n_boot: int) -> dict:
     return out
 
 
-def paired_comparison(t: dict[int, dict], c: dict[int, dict], metric: str, direction: str, *,
-                      n_boot: int, alternative: str, min_seeds: int = 2) -> dict:
-    """Mean paired difference treatment − control over the common seeds, CI and p-value."""
+def _paired_units(t: dict[int, dict], c: dict[int, dict], metric: str) -> tuple[list[int], list[float], list | None]:
+    """Common seeds, their per-seed differences and, for success when every seed pairs its
+    episodes, the per-seed arrays of paired episode differences (else None)."""
     seeds = sorted(s for s in set(t) & set(c) if t[s].get(metric) is not None and c[s].get(metric) is not None)
+    if metric != "success":
+        return seeds, [t[s][metric] - c[s][metric] for s in seeds], None
+    per_seed, diffs = [], []
+    for s in seeds:
+        et, ec = t[s].get("episodes"), c[s].get("episodes")
+        same = (et is not None and ec is not None and t[s].get("goal_spec_hash") == c[s].get("goal_spec_hash")
+                and set(et) == set(ec))
+        if not same:
+            per_seed = None
+            break
+        per_seed.append(np.array([et[k] - ec[k] for k in sorted(et)], float))
+    if per_seed is None:
+        return seeds, [t[s][metric] - c[s][metric] for s in seeds], None
+    return seeds, [float(a.mean()) for a in per_seed], per_seed
+
+
+def paired_comparison(t: dict[int, dict], c: dict[int, dict], metric: str, direction: str, *,
+                      delta: float, n_boot: int, alternative: str, min_seeds: int = 2) -> dict:
+    """Treatment − control over the common seeds: the registered t tests (confirmation and
+    falsification), a Student-t interval and, for success with paired episodes, a hierarchical
+    bootstrap interval and the split of the variance into within-seed and between-seed parts."""
+    seeds, diffs, per_seed = _paired_units(t, c, metric)
+    pairing = ("episode" if per_seed is not None else "seed") if metric == "success" else "seed"
     res = {"metric": metric, "direction": direction, "seeds": seeds, "n": len(seeds),
            "treatment_mean": _mean([t[s][metric] for s in seeds]),
            "control_mean": _mean([c[s][metric] for s in seeds]),
-           "estimate": None, "ci": None, "p_value": None, "sd": None}
+           "estimate": None, "ci": None, "p_value": None, "p_falsify": None, "sd": None, "pairing": pairing}
+    if metric == "success" and per_seed is None and seeds:
+        res["pairing_note"] = "per-episode records missing: paired at the seed level (per-seed rates)"
     if len(seeds) < max(2, min_seeds):
         res["missing"] = (f"{len(seeds)} seed(s) with a finite {metric} in both arms; the registry asks for "
                           f"at least {max(2, min_seeds)}")
         return res
-    a = np.array([t[s][metric] for s in seeds], float)
-    b = np.array([c[s][metric] for s in seeds], float)
-    pd = paired_difference(a, b, n_boot=n_boot, seed=0)
-    alt = "two-sided" if alternative == "two-sided" else ("greater" if direction == "increase" else "less")
-    res.update({"estimate": pd.estimate, "ci": [pd.ci.low, pd.ci.high], "ci_method": pd.ci.method,
-                "sd": pd.sd, "p_value": paired_permutation_pvalue(a - b, alternative=alt), "test": alt})
+    test = paired_t_test(np.asarray(diffs, float), delta=delta, direction=direction,
+                         two_sided=alternative == "two-sided")
+    res.update({"estimate": test.estimate, "ci": [test.ci.low, test.ci.high], "ci_method": test.ci.method,
+                "sd": test.sd, "se": test.se, "df": test.df, "p_value": test.p_confirm, "p_falsify": test.p_falsify,
+                "test": "paired t, " + ("two-sided" if alternative == "two-sided" else f"one-sided ({direction})")})
+    if per_seed is not None:
+        est, ci, se = hierarchical_bootstrap(per_seed, n_boot=n_boot, seed=0)
+        within = float(np.mean([a.var(ddof=1) / a.size if a.size > 1 else 0.0 for a in per_seed]))
+        res.update({"n_episode_pairs": int(sum(a.size for a in per_seed)),
+                    "hierarchical_ci": [ci.low, ci.high], "hierarchical_se": se,
+                    "variance": {"per_seed_difference": test.sd ** 2, "within_seed_paired_episodes": within,
+                                 "between_seed": max(0.0, test.sd ** 2 - within)}})
     return res
 
 
-def _decide(comp: dict, *, delta: float, alpha: float, p_adjusted: float | None) -> dict:
+def _decide(comp: dict, *, alpha: float, p_adjusted: float | None, p_falsify_adjusted: float | None) -> dict:
     if comp.get("estimate") is None:
         return {"label": "inconclusive", "reason": comp.get("missing", "not measured")}
-    v = verdict(comp["estimate"], tuple(comp["ci"]), delta=delta, direction=comp["direction"],
-                p_value=p_adjusted, alpha=alpha)
-    _guard(v.label, comp["ci"], comp["direction"])
+    v = test_verdict(comp["estimate"], tuple(comp["ci"]), delta=float(comp["delta"]), direction=comp["direction"],
+                     p_confirm=1.0 if p_adjusted is None else p_adjusted,
+                     p_falsify=1.0 if p_falsify_adjusted is None else p_falsify_adjusted, alpha=alpha)
+    _guard(v.label, comp, alpha)
     return {"label": v.label, "reason": v.reason}
 
 
-def _guard(label: str, ci, direction: str) -> None:
-    """Never confirmed when the interval says otherwise (it must exclude 0 the registered way)."""
+def _guard(label: str, comp: dict, alpha: float) -> None:
+    """Never confirmed unless the one-sided (1 − α) t bound excludes 0 on the registered side."""
     if label != "confirmed":
         return
-    lo, hi = ci
-    if (direction == "increase" and not lo > 0) or (direction == "decrease" and not hi < 0):
-        raise EvaluationError(f"internal: a claim was about to be confirmed with the interval {ci}")
+    from scipy import stats as _st
+
+    q = float(_st.t.ppf(1 - alpha, comp["df"])) if comp.get("df") else 0.0
+    bound = comp["estimate"] - q * comp["se"] if comp["direction"] == "increase" else -(comp["estimate"] + q * comp["se"])
+    if not bound > 0:
+        raise EvaluationError(f"internal: {comp.get('id')} was about to be confirmed with a bound {bound} <= 0")
 
 
 def _rho(fed: dict, local: dict, central: dict, *, threshold: float, alpha: float, n_boot: int,
@@ -224,18 +302,69 @@ def _rho(fed: dict, local: dict, central: dict, *, threshold: float, alpha: floa
                                                 "denominators are 0")
         return out
     v = verdict(g.rho, (lo, hi), delta=threshold, direction="increase")
-    _guard(v.label, (lo, hi), "increase")
+    if v.label == "confirmed" and not lo > 0:
+        raise EvaluationError(f"internal: ρ was about to be confirmed with the interval {(lo, hi)}")
     out.update(label=v.label, reason=v.reason)
     return out
 
 
-def _holm(pvals: dict[str, float | None], alpha: float) -> dict[str, float | None]:
-    keys = [k for k, p in pvals.items() if p is not None]
-    adjusted = dict.fromkeys(pvals)
-    if keys:
-        res = holm([pvals[k] for k in keys], alpha=alpha)
-        adjusted.update(dict(zip(keys, res.adjusted, strict=True)))
-    return adjusted
+def _superseded(summaries: dict, reg: dict, plan: dict, registered_test: str) -> list[str]:
+    """Why a study's design predates the corrected instruments (empty for a current study)."""
+    out = []
+    fed = [s for s in summaries.values() if s.get("kind") == "federated"]
+    if fed and any("probe_split" not in s for s in fed):
+        out.append("drift was measured on every probe frame, the anchor's 128 landmarks included (no landmark / "
+                   "measurement split), with magnitudes that weight every direction alike (the variance-weighted "
+                   "measures were not recorded); the backstop's removed angle was not logged")
+    evals = [s for s in summaries.values() if s.get("eval")]
+    if evals and any(not s["eval"].get("episodes") for s in evals):
+        out.append("the EvalReports hold no per-episode outcomes: success pairs at the seed level only, and route "
+                   "validity (TwoRoom checks the door at a step's end point only) was not recorded")
+    if "t test" not in registered_test:
+        out.append(f"the registry registered '{registered_test}' with MDEs from a t approximation, BCa intervals over "
+                   "seeds and 'falsified' read off an interval, with no multiplicity adjustment of falsification")
+    ladder = plan.get("groups", {}).get(LADDER, {}).get("default", {})
+    if ladder and "warmstart_only" not in ladder.get("arms", {}):
+        out.append("there is no warm-start-only arm")
+    budget = ladder.get("budget") or {}
+    if budget.get("rule") == "per_participant" and budget.get("participants", 1) > 1:
+        out.append(f"the centralized arm took {budget.get('central_steps')} steps, one participant's budget, not the "
+                   f"federation's total ({budget.get('participant_steps', 0) * budget.get('participants', 1)})")
+    return out
+
+
+def _adjust(rows: list[dict], alpha: float) -> None:
+    """Holm over ``rows`` (one family), for the confirmation p and, separately, the falsification
+    p. An unmeasured row counts as p = 1 (it stays in the family it was registered in)."""
+    for raw, adj in (("p_value", "p_adjusted"), ("p_falsify", "p_falsify_adjusted")):
+        ps = [r.get(raw) for r in rows]
+        if not rows:
+            continue
+        res = holm([1.0 if p is None else p for p in ps], alpha=alpha)
+        for r, p, a in zip(rows, ps, res.adjusted, strict=True):
+            r[adj] = None if p is None else a
+
+
+def _power_now(reg: dict) -> dict:
+    """The registry's power statement; for a registry written before families were stated, the
+    same statement computed now from its registered planning numbers (and marked so)."""
+    pa = reg["analysis"].get("power_analysis", {})
+    if "families" in pa:
+        return {"source": "registry", **pa["families"]}
+    from types import SimpleNamespace
+
+    from lensemble.study.registry import power_analysis
+    from lensemble.study.spec import DeltaSpec, PlanningSpec, RegistrySpec
+
+    an = reg["analysis"]
+    rs = RegistrySpec(alpha=an["alpha"], power=an["power"], alternative=an["alternative"],
+                      delta=DeltaSpec(**an["deltas"]), planning=PlanningSpec(**pa.get("assumptions", {})))
+    k = len([c for cl in reg["claims"] if cl["id"] in an.get("confirmatory_family", []) for c in cl["components"]])
+    now = power_analysis(SimpleNamespace(registry=rs), int(pa.get("n_seeds", len(reg["design"]["seeds"]))),
+                         int(pa.get("n_episodes_per_arm_and_seed", reg["design"]["evaluation"]["episodes"])), k,
+                         ladder_k=len(reg.get("ladder_comparisons", [])))
+    return {"source": "computed at re-analysis from the registered planning numbers (not registered before the runs)",
+            **now["families"], "components": now["components"]}
 
 
 def _combine(labels: list[str]) -> str:
@@ -279,36 +408,30 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
         if t is None or c is None:
             missing = [a for a, v in ((spec["treatment"], t), (spec["control"], c)) if v is None]
             return {**spec, "estimate": None, "n": 0, "missing": f"arm(s) {missing} not in this study"}
-        return {**spec, **paired_comparison(t, c, spec["metric"], spec["direction"], n_boot=n_boot,
-                                            alternative=alt, min_seeds=min_seeds)}
+        return {**spec, **paired_comparison(t, c, spec["metric"], spec["direction"], delta=float(spec["delta"]),
+                                            n_boot=n_boot, alternative=alt, min_seeds=min_seeds)}
 
-    # -- claims 1 and 2 (confirmatory family, Holm)
+    # -- claims 1 and 2 (confirmatory family): Holm over every component, confirmations and
+    # falsifications separately; a claim's p is the largest adjusted p of its components.
     claims_out = []
     by_id = {c["id"]: c for c in reg["claims"]}
     comps: dict[str, list[dict]] = {}
-    claim_p: dict[str, float | None] = {}
     for cid in an.get("confirmatory_family", ["C1", "C2"]):
         spec = by_id.get(cid)
         if spec is None:
             continue
-        rows = [comp_result(dict(x), ladder) for x in spec["components"]]
-        comps[cid] = rows
-        ps = [r.get("p_value") for r in rows]
-        claim_p[cid] = max(ps) if ps and all(p is not None for p in ps) else None
-    adjusted = _holm(claim_p, alpha)
-    k = len(claim_p)
+        comps[cid] = [comp_result(dict(x), ladder) for x in spec["components"]]
+    family = [r for rows in comps.values() for r in rows]
+    _adjust(family, alpha)
     for cid, rows in comps.items():
         for r in rows:
-            # A claim with an unmeasured component has no claim p-value (and cannot be confirmed);
-            # its measured components are then judged with a Bonferroni share, never unadjusted.
-            p_adj = adjusted[cid]
-            if p_adj is None and r.get("p_value") is not None:
-                p_adj = min(1.0, r["p_value"] * k)
-            r["p_adjusted"] = p_adj
-            r.update(_decide(r, delta=float(r["delta"]), alpha=alpha, p_adjusted=p_adj))
+            r.update(_decide(r, alpha=alpha, p_adjusted=r["p_adjusted"], p_falsify_adjusted=r["p_falsify_adjusted"]))
         label = _combine([r["label"] for r in rows])
-        claims_out.append({"id": cid, "title": by_id[cid]["title"], "label": label, "p_value": claim_p[cid],
-                           "p_adjusted": adjusted[cid], "components": rows,
+        p_claim = max((r["p_adjusted"] for r in rows), default=None) if all(r["p_adjusted"] is not None for r in rows) else None
+        p_fals = min((r["p_falsify_adjusted"] for r in rows if r["p_falsify_adjusted"] is not None), default=None)
+        claims_out.append({"id": cid, "title": by_id[cid]["title"], "label": label,
+                           "p_value": max((r["p_value"] for r in rows if r.get("p_value") is not None), default=None),
+                           "p_adjusted": p_claim, "p_falsify_adjusted": p_fals, "components": rows,
                            "reason": _claim_reason(label, rows)})
 
     # -- claim 3: ρ on the ladder
@@ -328,7 +451,10 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
                 row = {"sweep": sweep, "value": p}
                 if c2_spec:
                     comp = comp_result(dict(c2_spec), cell_vals)
-                    comp.update(_decide(comp, delta=float(comp["delta"]), alpha=alpha, p_adjusted=comp.get("p_value")))
+                    # Intersection-union over the sweep points: each point at α, no adjustment.
+                    comp["p_adjusted"], comp["p_falsify_adjusted"] = comp.get("p_value"), comp.get("p_falsify")
+                    comp.update(_decide(comp, alpha=alpha, p_adjusted=comp["p_adjusted"],
+                                        p_falsify_adjusted=comp["p_falsify_adjusted"]))
                     row["C2"] = comp
                 row["C3"] = _rho_cell(cell_vals, c3["treatment"] if c3 else "anchor",
                                       threshold=float(c3["threshold"]) if c3 else 0.5, alpha=alpha, n_boot=n_boot, min_seeds=min_seeds)
@@ -346,10 +472,9 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
 
     # -- the ladder family (each rung against naive, Holm)
     lrows = [comp_result(dict(x), ladder) for x in reg.get("ladder_comparisons", [])]
-    ladj = _holm({r["id"]: r.get("p_value") for r in lrows}, alpha)
+    _adjust(lrows, alpha)
     for r in lrows:
-        r["p_adjusted"] = ladj[r["id"]]
-        r.update(_decide(r, delta=float(r["delta"]), alpha=alpha, p_adjusted=ladj[r["id"]]))
+        r.update(_decide(r, alpha=alpha, p_adjusted=r["p_adjusted"], p_falsify_adjusted=r["p_falsify_adjusted"]))
 
     # -- sweeps: ρ and the headline numbers per point
     sweeps = {}
@@ -366,8 +491,26 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
 
     done = [r for r in planned if r in summaries]
     missing = [r for r in planned if r not in summaries]
+    all_rows = family + lrows
+    success_rows = [r for r in all_rows if r.get("metric") == "success" and r.get("n")]
+    by_pairing = {k: sum(1 for r in success_rows if r.get("pairing") == k) for k in ("episode", "seed")}
+    notes = []
+    if by_pairing["seed"]:
+        notes.append(f"{by_pairing['seed']} of {len(success_rows)} success comparisons could not pair episodes "
+                     "(their summaries hold no per-episode records): they are paired at the seed level, whose "
+                     "difference equals the episode-paired one when every episode pairs, but the hierarchical "
+                     "interval and the within/between-seed variance split need the episodes")
+    registered_test = str(an.get("paired_test", ""))
+    if "t test" not in registered_test:
+        notes.append(f"this analysis applies the corrected rules ({RULES}) after the runs, so its verdicts are a "
+                     "re-analysis, not the registered confirmatory result")
     out = {
-        "schema_version": 1,
+        "superseded": _superseded(summaries, reg, plan, registered_test),
+        "schema_version": 2,
+        "rules": RULES,
+        "notes": notes,
+        "pairing": by_pairing,
+        "power_at_analysis": _power_now(reg),
         "study": reg["study"],
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "registry_hash": reg.get("registry_hash"),

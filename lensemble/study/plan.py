@@ -9,9 +9,10 @@ The arms are made from a base config by :func:`arm_overrides`: a rung is its Hyd
 encoder frozen at the warm start; the single-site baselines add nothing (they ignore the
 federation settings, which are dropped from their identity).
 
-Step budget: a federated participant takes ``rounds × inner_steps`` AdamW steps; with
-``budget: per_participant`` (default) every single-site model takes the same number, with
-``budget: total`` the centralized model takes ``num_silos ×`` that (the federation's total).
+Step budget: a federated participant takes ``rounds × inner_steps`` AdamW steps; every local-only
+model takes the same number; with ``budget: total`` (default) the centralized model takes
+``num_silos ×`` that, the federation's total optimizer steps, with ``budget: per_participant``
+the same as one participant. The warm-start-only arm takes no step: it evaluates the warm start.
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ class PlannedRun:
     """One training run (and the evaluation of its final model)."""
 
     run_id: str
-    kind: Literal["warmstart", "single", "federated"]
+    kind: Literal["warmstart", "single", "federated", "evaluate"]
     arm: str
     seed: int
     overrides: list[str]
@@ -301,7 +302,12 @@ def plan_study(spec: StudySpec) -> StudyPlan:
             seed_ov = [f"root_seed={s}", f"eval.seed={s}"]
             for arm in arms:
                 ids: list[str] = []
-                if arm == "central":
+                if arm == "warmstart_only":
+                    # The warm start scored as it is: nothing trains, the seed's episodes are played.
+                    single = drop_keys(ov, FEDERATION_PREFIXES) + seed_ov
+                    ids.append(add(PlannedRun(f"{prefix}warmstart_only-s{s}", "evaluate", arm, s, single,
+                                              source="warmstart"), cell))
+                elif arm == "central":
                     single = drop_keys(ov, FEDERATION_PREFIXES) + seed_ov + [f"train.steps={budget['central_steps']}"]
                     ids.append(add(PlannedRun(f"{prefix}central-s{s}", "single", arm, s, single, source="pooled"), cell))
                 elif arm == "local":
@@ -332,6 +338,8 @@ def estimate_seconds(spec: StudySpec, plan: StudyPlan) -> dict:
             sec = cfg.train.warmstart_steps * cm.single_step
         elif run.kind == "single":
             sec = cfg.train.steps * cm.single_step
+        elif run.kind == "evaluate":
+            sec = 0.0
         else:
             per = cm.participant_step.get(run.arm, max(cm.participant_step.values(), default=cm.single_step))
             sec = cfg.federation.rounds * cfg.federation.inner_steps * cfg.data.num_silos * per

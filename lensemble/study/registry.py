@@ -9,14 +9,12 @@ Changing the registry once a run has finished is allowed only as an *amendment*:
 values, the new ones, the reason and how many runs were already done are appended to
 ``amendments`` and shown in the report.
 
-Power, briefly (all normal/t planning approximations, see :mod:`lensemble.eval.stats`):
-
-* the experimental unit is the seed; a paired per-seed difference of success rates has variance
-  ``2·p0(1-p0)/E + 2·σ_train²`` (E episodes per arm, σ_train the seed-to-seed SD of an arm's true
-  success that pairing does not cancel); its MDE over n seeds uses Student-t quantiles;
-* the exact sign-flip test over n seeds cannot give a p-value below ``2^-n`` (one-sided) or
-  ``2^(1-n)`` (two-sided): a design whose floor is above the first Holm threshold α/k can never
-  confirm anything, and the registry says so (``confirmable: false``).
+Power (:mod:`lensemble.study.power`): the MDEs and powers come from the registered test itself, a
+one-sided paired t test on per-seed differences: exact (noncentral t) for a metric modelled as
+normal per seed, simulated for success (binary episodes paired across arms, a treatment × seed
+spread). For every Holm family the registry states before any run whether it *can confirm at the
+planned size*: whether some hypothesis in it reaches the registered power at its δ at the family's
+first Holm threshold.
 """
 
 from __future__ import annotations
@@ -31,7 +29,8 @@ from lensemble.config.hashing import json_digest
 from lensemble.config.loader import load_config
 from lensemble.config.rungs import RUNGS
 from lensemble.errors import ConfigError
-from lensemble.eval.stats import mde_paired, mde_two_proportions, units_for_paired
+from lensemble.eval.stats import mde_two_proportions
+from lensemble.study import power as pw
 from lensemble.study.files import atomic_write, now
 from lensemble.study.plan import LADDER, PATH_KEYS, drop_keys
 from lensemble.study.spec import FEDERATED_ARMS
@@ -40,9 +39,11 @@ SCHEMA_VERSION = 1
 _VOLATILE = ("registered_at", "amendments", "registry_hash", "revisions_before_runs")
 
 METRICS = {
-    "success": "closed-loop latent-MPC success rate on held-out episodes (evaluate), per seed",
-    "drift_final": "gauge/drift_angle_deg at the final round: mean geodesic angle (degrees) between "
-                   "each participant's probe frame and the global model's",
+    "success": "closed-loop latent-MPC success rate on held-out episodes (evaluate; the env's own flag), per "
+               "seed; paired episode by episode across arms",
+    "drift_final": "gauge/drift_angle_deg at the final round: mean over participants of the geodesic angle "
+                   "(degrees) of the rotation mapping the participant's unaligned frame onto the new global "
+                   "model's, measured on the probe's measurement frames (never the anchor's landmarks)",
     "drift_mean": "gauge/drift_angle_deg averaged over all rounds (degrees)",
     "effective_dim": "participation ratio of the final model's latent covariance on held-out frames (evaluate)",
     "latent_std": "per-dimension latent standard deviation on held-out frames (evaluate)",
@@ -50,72 +51,117 @@ METRICS = {
 }
 
 
-def _finite_or_none(x: float) -> float | None:
+def _finite_or_none(x: float | None) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
-def _mde(sd: float, n: int, alpha: float, power: float, alternative: str) -> float | None:
-    if n < 2:
-        return None
-    return _finite_or_none(mde_paired(sd, n, alpha=alpha, power=power, alternative=alternative, distribution="t"))
+_SEED_GRID = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 
 
-def _units(delta: float, sd: float, alpha: float, power: float, alternative: str) -> int | None:
-    if sd == 0:
-        return 2
-    try:
-        return units_for_paired(delta, sd, alpha=alpha, power=power, alternative=alternative, distribution="t")
-    except Exception:  # noqa: BLE001 - an undetectable effect: say so instead of failing the plan
-        return None
+class _Metric:
+    """Power of the registered test for one metric under the registry's planning numbers."""
+
+    def __init__(self, name: str, spec, n_seeds: int, n_episodes: int):
+        r, p = spec.registry, spec.registry.planning
+        self.name, self.n, self.e = name, n_seeds, n_episodes
+        self.p = p
+        self.delta = {"success": r.delta.success, "drift": r.delta.drift_deg, "effective_dim": r.delta.effective_dim}[name]
+        self.unit = {"success": "rate", "drift": "degrees", "effective_dim": "dimensions"}[name]
+        self.sd = (pw.success_sd(p.baseline_success, n_episodes, p.sd_train_success, p.episode_correlation)
+                   if name == "success" else {"drift": p.sd_drift_deg, "effective_dim": p.sd_effective_dim}[name])
+        self.method = ("simulation of the t test on binary episodes (4000 replicates, seed 0): per-seed spread "
+                       "2·sd_train², episode correlation between arms as planned" if name == "success"
+                       else "noncentral t (normal per-seed differences)")
+
+    def power(self, delta: float, alpha: float, n: int | None = None) -> float:
+        n = self.n if n is None else n
+        if self.name == "success":
+            return pw.simulated_success_power(delta, n_seeds=n, n_episodes=self.e, baseline=self.p.baseline_success,
+                                              sd_train=self.p.sd_train_success,
+                                              episode_correlation=self.p.episode_correlation, alpha=alpha)
+        return pw.t_power(delta, self.sd, n, alpha)
+
+    def mde(self, alpha: float, power: float) -> float | None:
+        if self.name == "success":
+            return pw.simulated_success_mde(n_seeds=self.n, n_episodes=self.e, baseline=self.p.baseline_success,
+                                            sd_train=self.p.sd_train_success,
+                                            episode_correlation=self.p.episode_correlation, alpha=alpha, power=power)
+        return pw.t_mde(self.sd, self.n, alpha, power)
+
+    def seeds_for_delta(self, alpha: float, power: float) -> int | None:
+        return next((n for n in _SEED_GRID if self.power(self.delta, alpha, n) >= power), None)
 
 
-def power_analysis(spec, n_seeds: int, n_episodes: int, holm_k: int) -> dict:
-    """MDEs and floors of the registered design (numbers, plus the formulas they came from)."""
+def power_analysis(spec, n_seeds: int, n_episodes: int, holm_k: int, *, ladder_k: int = 0,
+                   ladder_metrics: tuple[str, ...] = ("drift", "success"),
+                   confirm_metrics: tuple[str, ...] = ("drift", "success", "effective_dim")) -> dict:
+    """Power, MDEs and, per Holm family, whether it can confirm at the planned size."""
     r = spec.registry
     p = r.planning
     alt = r.alternative
-    a_first = r.alpha / max(holm_k, 1)           # the first Holm step's threshold
-    sd_success = math.sqrt(2 * p.baseline_success * (1 - p.baseline_success) / n_episodes
-                           + 2 * p.sd_train_success ** 2)
-    floor = (1.0 if alt == "one-sided" else 2.0) / 2 ** n_seeds
-    seeds_for_floor = next(n for n in range(2, 64) if (1.0 if alt == "one-sided" else 2.0) / 2 ** n <= a_first)
+    # A two-sided registration halves the one-sided level every comparison is run at.
+    side = 1.0 if alt == "one-sided" else 0.5
+    a_first = side * r.alpha / max(holm_k, 1)
+    a_ladder = side * r.alpha / max(ladder_k, 1)
+    metrics = {m: _Metric(m, spec, n_seeds, n_episodes) for m in ("success", "drift", "effective_dim")}
     comps = {}
-    for metric, sd, delta, unit in (
-        ("success", sd_success, r.delta.success, "rate"),
-        ("drift", p.sd_drift_deg, r.delta.drift_deg, "degrees"),
-        ("effective_dim", p.sd_effective_dim, r.delta.effective_dim, "dimensions"),
-    ):
-        comps[metric] = {
-            "unit": unit, "sd_paired_difference": round(sd, 6), "delta": delta,
-            "mde_at_alpha": _mde(sd, n_seeds, r.alpha, r.power, alt),
-            "mde_at_first_holm_step": _mde(sd, n_seeds, a_first, r.power, alt),
-            "seeds_for_delta": _units(delta, sd, a_first, r.power, alt),
+    for name, m in metrics.items():
+        comps[name] = {
+            "unit": m.unit, "sd_paired_difference": round(m.sd, 6), "delta": m.delta, "method": m.method,
+            "mde_at_alpha": _finite_or_none(m.mde(side * r.alpha, r.power)),
+            "mde_at_first_holm_step": _finite_or_none(m.mde(a_first, r.power)),
+            "power_at_delta_at_alpha": round(m.power(m.delta, side * r.alpha), 4),
+            "power_at_delta_first_holm_step": round(m.power(m.delta, a_first), 4),
+            "seeds_for_delta": m.seeds_for_delta(a_first, r.power),
         }
     comps["success"]["mde_episode_floor"] = _finite_or_none(
         mde_two_proportions(p.baseline_success, n_episodes * n_seeds, alpha=r.alpha, power=r.power,
                             alternative=alt, direction="decrease"))
+
+    def family(m_size: int, first: float, used: tuple[str, ...]) -> dict:
+        powers = {name: (comps[name]["power_at_delta_first_holm_step"] if first == a_first
+                         else round(metrics[name].power(metrics[name].delta, first), 4)) for name in used}
+        powered = sorted(name for name, v in powers.items() if v >= r.power)
+        mdes = {name: (comps[name]["mde_at_first_holm_step"] if first == a_first
+                       else _finite_or_none(metrics[name].mde(first, r.power))) for name in used}
+        # The t test's p has no floor (unlike an exact sign-flip test over n seeds, 2^-n), so the
+        # family can confirm at any n >= 2; whether it is likely to is the power at δ.
+        return {"size": m_size, "first_holm_threshold": first, "last_holm_threshold": side * r.alpha,
+                "p_floor": 0.0, "can_confirm": n_seeds >= 2 and 0.0 <= first,
+                "power_at_delta_first_holm_step": powers, "mde_first_holm_step": mdes,
+                "powered_at_delta": powered}
+
+    families = {"confirmatory": family(holm_k, a_first, confirm_metrics)}
+    if ladder_k:
+        families["ladder"] = family(ladder_k, a_ladder, ladder_metrics)
     limitations = []
-    if floor > a_first:
-        limitations.append(f"the sign-flip p-value cannot go below {floor:.3g} with {n_seeds} seeds, above the "
-                           f"first Holm threshold {a_first:.3g}: no claim can be confirmed (needs "
-                           f"{seeds_for_floor} seeds)")
-    for metric, c in comps.items():
-        mde = c["mde_at_first_holm_step"]
-        if mde is None or c["delta"] < mde:
-            limitations.append(f"{metric}: the registered δ = {c['delta']} is below the MDE "
-                               f"{'(undefined)' if mde is None else f'{mde:.3g}'} of this design, so a true effect "
-                               f"of size δ is detected with less than {r.power:.0%} power "
-                               f"(≈ {c['seeds_for_delta'] or '?'} seeds would be needed)")
+    for fname, f in families.items():
+        if not f["can_confirm"]:
+            limitations.append(f"the {fname} family cannot confirm anything with {n_seeds} seed(s)")
+        elif not f["powered_at_delta"]:
+            limitations.append(f"the {fname} family ({f['size']} hypotheses, first Holm threshold "
+                               f"{f['first_holm_threshold']:.3g}) can confirm, but no metric reaches {r.power:.0%} "
+                               f"power at its registered δ: it confirms only effects above its MDEs "
+                               f"{ {k: (None if v is None else round(v, 3)) for k, v in f['mde_first_holm_step'].items()} }")
+    for name, c in comps.items():
+        if c["power_at_delta_first_holm_step"] < r.power:
+            limitations.append(f"{name}: a true effect of the registered δ = {c['delta']} is detected with "
+                               f"{c['power_at_delta_first_holm_step']:.0%} power at the first Holm step (MDE "
+                               f"{'undefined' if c['mde_at_first_holm_step'] is None else format(c['mde_at_first_holm_step'], '.3g')}; "
+                               f"≈ {c['seeds_for_delta'] or '> 64'} seeds would be needed)")
     return {
+        "test": "one-sided paired t test on per-seed differences (success: the mean over the seed's paired "
+                "episodes); falsification: the same t test of H0 effect >= δ",
         "limitations": limitations,
         "n_seeds": n_seeds, "n_episodes_per_arm_and_seed": n_episodes, "alpha": r.alpha, "power": r.power,
         "alternative": alt, "holm_family_size": holm_k, "first_holm_threshold": a_first,
         "assumptions": p.model_dump(mode="json"),
-        "success_sd_formula": "sqrt(2·p0·(1-p0)/E + 2·sd_train_success²)",
-        "mde_formula": "(t_{1-α',n-1} + t_{power,n-1}) · sd / sqrt(n)  (α' = α, or α/2 two-sided)",
-        "permutation_p_floor": floor,
-        "seeds_needed_for_floor": seeds_for_floor,
-        "confirmable": floor <= a_first,
+        "success_sd_formula": "sqrt(2·p0·(1-p0)·(1-ρ_episode)/E + 2·sd_train²)",
+        "mde_formula": "power of the registered t test: noncentral t for normal metrics, simulated for success",
+        "permutation_p_floor": 0.0,
+        "seeds_needed_for_floor": 2,
+        "confirmable": families["confirmatory"]["can_confirm"],
+        "families": families,
         "components": comps,
     }
 
@@ -202,12 +248,15 @@ def build_registry(spec, plan) -> dict:
     r = spec.registry
     n_seeds = len(spec.seeds)
     confirm_family = ["C1", "C2"]
-    power = power_analysis(spec, n_seeds, e.episodes, len(confirm_family))
+    confirm_components = [comp["id"] for c in claims if c["id"] in confirm_family for comp in c["components"]]
+    power = power_analysis(spec, n_seeds, e.episodes, len(confirm_components), ladder_k=len(ladder_family))
     for c in claims:
         c["analysis"] = {
             "alpha": r.alpha, "alternative": r.alternative, "unit": "seed", "n_seeds": n_seeds,
             "n_episodes": e.episodes, "n_boot": r.n_boot,
-            "multiplicity": ("Holm across the confirmatory family " + str(confirm_family))
+            "multiplicity": ("Holm across every component of the confirmatory family " + str(confirm_components)
+                             + ", confirmations and falsifications separately; the claim's p is the largest "
+                             "of its components' adjusted p (intersection-union)")
             if c["id"] in confirm_family else "none (interval decision / intersection-union)",
         }
         for comp in c.get("components", []):
@@ -240,9 +289,12 @@ def build_registry(spec, plan) -> dict:
                 **(ladder_budget or {}),
                 "statement": ("every federated participant takes rounds × inner_steps AdamW steps; each local-only "
                               "model takes the same number; the centralized model takes "
-                              + ("the same number (per participant)" if spec.budget == "per_participant"
-                                 else "num_silos × that (the federation's total)")
-                              + "; all with the same batch size, from the same warm start"),
+                              + ("the same number (per participant, budget: per_participant)"
+                                 if spec.budget == "per_participant"
+                                 else "num_silos × rounds × inner_steps, the federation's total optimizer steps "
+                                      "(budget: total)")
+                              + "; the warm-start-only arm takes none (the warm start scored as it is); all with "
+                                "the same batch size, from the same warm start"),
             },
             "evaluation": {"split": spec.evaluation.split, "episodes": e.episodes, "planner": e.planner,
                            "num_samples": e.num_samples, "iterations": e.iterations, "horizon": e.horizon,
@@ -252,13 +304,18 @@ def build_registry(spec, plan) -> dict:
         },
         "analysis": {
             "alpha": r.alpha, "power": r.power, "alternative": r.alternative, "unit": "seed",
-            "paired_test": "exact sign-flip permutation test of the mean per-seed difference",
-            "interval": "95% BCa bootstrap over seeds of the mean paired difference; Wilson intervals for "
-                        "pooled success counts; paired percentile bootstrap for ρ",
-            "verdict": ("stats.verdict: falsified if the interval lies below δ; confirmed if it excludes 0 in the "
-                        "hypothesised direction, the estimate reaches δ and the (Holm-adjusted) p ≤ α; "
-                        "otherwise inconclusive; a missing or unmeasurable metric is inconclusive"),
+            "paired_test": ("one-sided paired t test of the mean per-seed difference (stats.paired_t_test); a "
+                            "success difference is the mean over the seed's paired episodes (same goal_spec_hash), "
+                            "falling back to the per-seed rates when episodes were not recorded"),
+            "interval": ("95% Student-t interval over seeds of the mean paired difference; for success also a "
+                         "hierarchical bootstrap (seeds, then paired episodes), reported, not deciding; Wilson "
+                         "intervals for pooled success counts; paired percentile bootstrap for ρ"),
+            "verdict": ("confirmed if the Holm-adjusted p of H0 'effect <= 0' is <= α and the estimate reaches δ; "
+                        "falsified if the Holm-adjusted p of H0 'effect >= δ' is <= α; otherwise inconclusive; "
+                        "a missing or unmeasurable metric is inconclusive"),
+            "validation": "benchmarks/study_stats_simulation.py (coverage, level, falsification level, power)",
             "confirmatory_family": confirm_family,
+            "confirmatory_components": confirm_components,
             "ladder_family": [c["id"] for c in ladder_family],
             "ladder_multiplicity": "Holm across the ladder family (each rung against naive)",
             "n_boot": r.n_boot,

@@ -31,7 +31,7 @@ FIGURES = ("drift_rounds.png", "success.png", "effective_dim.png", "latent_std.p
 # What each rung adds to the one below it (the ladder is additive); the numbering follows RUNGS.
 _RUNG_TEXT = {"naive": "naive FedAvg", "sketch": "+ shared sketch", "backstop": "+ Procrustes backstop",
               "anchor": "+ frame anchor", "distill": "+ distillation"}
-_ARM_LABEL = {"central": "centralized (pooled)", "local": "local-only (mean over silos)",
+_ARM_LABEL = {"warmstart_only": "warm start only (no training)", "central": "centralized (pooled)", "local": "local-only (mean over silos)",
               "local_best": "local-only (best silo)",
               **{rung: f"{i} {_RUNG_TEXT.get(rung, rung)}" for i, rung in enumerate(RUNGS, start=1)},
               "fork_a": "Fork A (frozen encoder)"}
@@ -70,10 +70,13 @@ def _comp_numbers(r: dict) -> str:
     unit = {"degrees": "°", "rate": "", "dimensions": " dims"}.get(r.get("unit", ""), "")
     if r.get("estimate") is None:
         return f"{r['id']}: not measured ({r.get('missing', 'missing')})"
-    p = f", p = {_num(r.get('p_value'))}" if r.get("p_value") is not None else ""
-    pa = f", Holm p = {_num(r.get('p_adjusted'))}" if r.get("p_adjusted") is not None else ""
+    p = f", p(no effect) = {_num(r.get('p_value'))}" if r.get("p_value") is not None else ""
+    pa = f" [Holm {_num(r.get('p_adjusted'))}]" if r.get("p_adjusted") is not None else ""
+    pf = f", p(≥ δ) = {_num(r.get('p_falsify'))}" if r.get("p_falsify") is not None else ""
+    pfa = f" [Holm {_num(r.get('p_falsify_adjusted'))}]" if r.get("p_falsify_adjusted") is not None else ""
+    pairing = f", paired by {r['pairing']}" if r.get("pairing") else ""
     return (f"{r['id']}: {r['treatment']} − {r['control']} = {r['estimate']:+.3g}{unit}{_ci(r['ci'])}"
-            f" (δ = {r['delta']}{unit}, n = {r['n']}{p}{pa})")
+            f" (δ = {r['delta']}{unit}, n = {r['n']}{p}{pa}{pf}{pfa}{pairing})")
 
 
 def _rho_numbers(res: dict) -> str:
@@ -162,7 +165,7 @@ def _bars(ax, arms: dict, metric: str, ylabel: str, title: str, *, wilson: bool 
         ax.set_title(title, fontsize=10)
         return
     xs = list(range(len(names)))
-    ax.bar(xs, means, yerr=[los, his], capsize=4, color="#8fb3d9", label="mean over seeds, 95% bootstrap CI")
+    ax.bar(xs, means, yerr=[los, his], capsize=4, color="#8fb3d9", label="mean over seeds, 95% t CI")
     for i, (lo, hi) in extra:
         ax.plot([i + 0.25, i + 0.25], [lo, hi], color="#b03030", lw=2)
     if extra:
@@ -247,9 +250,17 @@ def write_figures(study_dir: Path, analysis: dict) -> list[str]:
     threshold = next((c["rho"]["threshold"] for c in analysis["claims"] if c["id"] == "C3" and c.get("rho")), None)
     out = []
 
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    _curve_panel(ax, arms, "gauge/drift_angle_deg", "frame drift (degrees)",
-                 "Frame drift from the global model per round (mean over seeds, band = min–max)")
+    # Each panel names its quantity (docs/gauge.md §3): which frames are compared, and how.
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    _curve_panel(axes[0, 0], arms, "gauge/drift_angle_deg", "geodesic angle (degrees)",
+                 "Participant's unaligned frame → new global (mean over participants)")
+    _curve_panel(axes[0, 1], arms, "gauge/pairwise_angle_deg", "geodesic angle (degrees)",
+                 "Between participants (no global frame involved)")
+    _curve_panel(axes[1, 0], arms, "gauge/drift_rel_residual_before", "||E − G||_F / ||G||_F",
+                 "Variance-weighted: participant → global, before alignment")
+    _curve_panel(axes[1, 1], arms, "gauge/backstop_aligned_angle_deg", "geodesic angle (degrees)",
+                 "Backstop: rotation left after its alignment (held-out frames)")
+    fig.suptitle("Frame drift per round (mean over seeds, band = min–max over seeds)", fontsize=11)
     _save(fig, fig_dir / "drift_rounds.png")
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -323,12 +334,22 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
                   "(finished runs are skipped).", ""]
     if registry.get("description"):
         lines += [registry["description"], ""]
+    superseded = analysis.get("superseded") or []
+    if superseded:
+        lines += ["> **Superseded by design.** This study ran before the instruments were corrected "
+                  "(docs/study.md, \"Re-analysis of the CPU study\"):", ">"]
+        lines += [f"> - {_esc(x)}" for x in superseded]
+        lines += [">", "> Its numbers are recomputed below under the corrected rules where its summaries "
+                  "allow; what they cannot support is said in the notes.", ""]
+    if analysis.get("notes"):
+        lines += ["Analysis notes:", ""] + [f"- {_esc(x)}" for x in analysis["notes"]] + [""]
 
     lines += ["## Claims", "",
-              "Each claim was registered in `registry.yaml` before any run. A verdict is *confirmed* only when "
-              "its 95% interval excludes zero in the registered direction, the estimate reaches δ and the "
-              "(Holm-adjusted) p-value is at most α; *falsified* when the interval lies entirely below δ; "
-              "*inconclusive* otherwise.", "",
+              "Each claim was registered in `registry.yaml` before any run. Every comparison is decided by two "
+              "one-sided paired t tests over seeds, Holm-adjusted over every component of its family: *confirmed* "
+              "when H0 'no effect' is rejected at α and the estimate reaches δ; *falsified* when H0 'an effect of δ "
+              "or more' is rejected at α; *inconclusive* otherwise. A claim with several parts (intersection-union) "
+              "is confirmed when every part is, falsified when any part is. Intervals: 95% Student t over seeds.", "",
               "| claim | verdict | deciding numbers | why |", "|---|---|---|---|"]
     for c in analysis["claims"]:
         if c["id"] in ("C1", "C2"):
@@ -352,20 +373,26 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
               f"({design['step_budget'].get('rounds')} rounds × {design['step_budget'].get('inner_steps')} steps = "
               f"{design['step_budget'].get('participant_steps')} per participant; centralized "
               f"{design['step_budget'].get('central_steps')}).", "",
-              "| arm | seeds | success (mean, 95% CI over seeds) | pooled success [Wilson] | final drift ° | "
-              "mean drift ° | effective dim | latent std | probe R² |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| arm | seeds | success (mean, 95% CI over seeds) | pooled success [Wilson] | route-valid success | "
+              "final drift ° | mean drift ° | effective dim | latent std | probe R² |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for arm, s in arms.items():
         pooled = s.get("pooled_success")
         pooled_txt = (f"{pooled['successes']}/{pooled['episodes']} = {_pct(pooled['rate'])} "
                       f"[{_pct(pooled['wilson'][0])}, {_pct(pooled['wilson'][1])}]") if pooled else "–"
-        lines.append(f"| {_ARM_LABEL.get(arm, arm)} | {s['n_seeds']} | {_stat(s.get('success'))} | {pooled_txt} | "
+        rv = _stat(s.get("route_valid_success")) if (s.get("route_valid_success") or {}).get("mean") is not None \
+            else "not recorded"
+        lines.append(f"| {_ARM_LABEL.get(arm, arm)} | {s['n_seeds']} | {_stat(s.get('success'))} | {pooled_txt} | {rv} | "
                      f"{_stat(s.get('drift_final'))} | {_stat(s.get('drift_mean'))} | {_stat(s.get('effective_dim'))} | "
                      f"{_stat(s.get('latent_std'))} | {_stat(s.get('probe_r2'))} |")
         if arm == "local" and s.get("success_best"):
-            lines.append(f"| {_ARM_LABEL['local_best']} | {s['n_seeds']} | {_stat(s.get('success_best'))} | – | – | – "
+            lines.append(f"| {_ARM_LABEL['local_best']} | {s['n_seeds']} | {_stat(s.get('success_best'))} | – | – | – | – "
                          f"| – | – | – |")
-    lines.append("")
+    lines += ["", "Final / mean drift: `gauge/drift_angle_deg`, the geodesic angle of the rotation mapping each "
+              "participant's *unaligned* probe frame onto the new global model's, averaged over participants "
+              "(final round / all rounds). For the backstop rung this includes the rotation the backstop removes "
+              "before averaging; the between-participant angle and what the backstop leaves are in the figure "
+              "below.", ""]
     for fig, cap in (("drift_rounds.png", "Frame drift against round for each rung"),
                      ("success.png", "Success per rung and baseline"),
                      ("effective_dim.png", "Effective dimension"), ("latent_std.png", "Latent standard deviation")):
@@ -373,11 +400,13 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
 
     if analysis["ladder_comparisons"]:
         lines += ["### Each rung against naive FedAvg (Holm across the ladder)", "",
-                  "| comparison | estimate [95% CI] | n | p | Holm p | verdict |", "|---|---|---|---|---|---|"]
+                  "| comparison | estimate [95% CI] | n | pairing | p (no effect) | Holm | p (≥ δ) | Holm | verdict |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in analysis["ladder_comparisons"]:
             est = "–" if r.get("estimate") is None else f"{r['estimate']:+.3g}{_ci(r['ci'])}"
             lines.append(f"| {r['id']} ({r['metric']}, {r['direction']} ≥ {r['delta']}) | {est} | {r.get('n', 0)} | "
-                         f"{_num(r.get('p_value'))} | {_num(r.get('p_adjusted'))} | {r['label']} |")
+                         f"{r.get('pairing', '–')} | {_num(r.get('p_value'))} | {_num(r.get('p_adjusted'))} | "
+                         f"{_num(r.get('p_falsify'))} | {_num(r.get('p_falsify_adjusted'))} | {r['label']} |")
         lines.append("")
 
     sweeps = {g: v for g, v in analysis["groups"].items() if g != LADDER}
@@ -405,23 +434,34 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
             lines += [f"![{g}]({FIG_DIR}/sweep_{g}.png)", ""]
 
     pw = an["power_analysis"]
+    now = analysis.get("power_at_analysis") or {}
+    comps = now.get("components") or pw["components"]
     lines += ["## Registry, power and minimum detectable effects", "",
               f"α = {an['alpha']} ({an['alternative']}), power {an['power']}, unit = seed, {pw['n_seeds']} seeds × "
               f"{pw['n_episodes_per_arm_and_seed']} episodes per arm. Pairing: {design['pairing']}. "
               f"Warm start: {design['warmstart']['scope']}-level, public data only, "
               f"{design['warmstart']['steps']} steps. Holm families: confirmatory {an['confirmatory_family']}; "
               f"ladder {len(an['ladder_family'])} comparisons.", "",
-              "| metric | δ (registered) | SD of paired difference (assumed) | MDE at α | MDE at the first Holm step | "
-              "seeds needed for δ |", "|---|---|---|---|---|---|"]
-    for m, c in pw["components"].items():
-        lines.append(f"| {m} ({c['unit']}) | {c['delta']} | {_num(c['sd_paired_difference'])} | {_num(c['mde_at_alpha'])} | "
-                     f"{_num(c['mde_at_first_holm_step'])} | {c['seeds_for_delta'] or '–'} |")
+              f"Registered test: {_esc(an.get('paired_test', ''))}. "
+              + ("" if now.get("source") == "registry" else
+                 f"The power below is that of the corrected test, {_esc(now.get('source', ''))}."), "",
+              "| metric | δ (registered) | SD of paired difference (assumed) | power at δ (first Holm step) | "
+              "MDE at α | MDE at the first Holm step | seeds needed for δ | method |", "|---|---|---|---|---|---|---|---|"]
+    for m, c in comps.items():
+        lines.append(f"| {m} ({c['unit']}) | {c['delta']} | {_num(c['sd_paired_difference'])} | "
+                     f"{_num(c.get('power_at_delta_first_holm_step'))} | {_num(c['mde_at_alpha'])} | "
+                     f"{_num(c['mde_at_first_holm_step'])} | {c['seeds_for_delta'] or '–'} | {_esc(c.get('method', 'normal/t approximation'))} |")
+    fams = {k: v for k, v in now.items() if isinstance(v, dict) and "size" in v}
+    if fams:
+        lines += ["", "| family | hypotheses | first Holm threshold | can confirm | powered at δ | MDE at the first step |",
+                  "|---|---|---|---|---|---|"]
+        for name, f in fams.items():
+            mdes = ", ".join(f"{k} {_num(v)}" for k, v in f["mde_first_holm_step"].items())
+            lines.append(f"| {name} | {f['size']} | {_num(f['first_holm_threshold'])} | {'yes' if f['can_confirm'] else 'no'} | "
+                         f"{', '.join(f['powered_at_delta']) or 'none'} | {mdes} |")
     lines += ["", f"Success MDE with episodes pooled over seeds (no seed variance, a floor): "
-              f"{_num(pw['components']['success'].get('mde_episode_floor'))}. The exact sign-flip test over "
-              f"{pw['n_seeds']} seeds cannot give p below {_num(pw['permutation_p_floor'])}; the first Holm threshold is "
-              f"{_num(pw['first_holm_threshold'])}, so this design "
-              + ("**can**" if pw["confirmable"] else f"**cannot** confirm a claim (it needs ≥ {pw['seeds_needed_for_floor']} seeds)")
-              + ".", ""]
+              f"{_num(comps['success'].get('mde_episode_floor'))}. Simulated coverage, level and power of the "
+              "analysis: `benchmarks/study_stats_simulation.py` (docs/study.md).", ""]
     if pw.get("limitations"):
         lines += ["Known limitations of the design, registered before the runs:", ""]
         lines += [f"- {_esc(x)}" for x in pw["limitations"]]

@@ -38,7 +38,7 @@ from rich.console import Console
 
 from lensemble import errors
 from lensemble.artifacts.checkpoint import read_header
-from lensemble.artifacts.manifest import RunManifest
+from lensemble.artifacts.manifest import RunManifest, git_sha
 from lensemble.config.loader import load_config
 from lensemble.config.rungs import RUNGS
 from lensemble.data.store import data_dir, ensure_data
@@ -135,13 +135,27 @@ class _Runner:
             cfg = load_config(run.overrides + [f"run_dir={rd}"])
             res = train_warmstart(cfg, run_dir=rd, progress=False)
             summary.update(self._single_fields(cfg, res, rd))
+            # Its own step count: the warm start trains train.warmstart_steps steps, not train.steps.
+            summary["steps"] = {"warmstart_steps": cfg.train.warmstart_steps, "batch_size": cfg.train.batch_size}
             summary["git_sha"] = _manifest_git_sha(rd)
             summary["seconds"] = {"train": round(time.perf_counter() - started, 2)}
             summary["finished_at"] = now()
             return summary
 
         ws = self.warmstart_checkpoint(self.plan.warmstart[run.seed])
-        if run.kind == "single":
+        if run.kind == "evaluate":
+            # The warm-start-only arm: the warm start itself, evaluated on this seed's episodes.
+            cfg = load_config(run.overrides + [f"run_dir={rd}"])
+            header = read_header(ws)
+            summary.update({
+                "config_hash": cfg.config_hash(), "manifest_hash": None, "checkpoint_hash": header["content_hash"],
+                "warmstart_hash": header["content_hash"],
+                "probe_hash": (header.get("extra") or {}).get("data", {}).get("probe_hash"),
+                "steps": {"train_steps": 0, "warmstart_steps": cfg.train.warmstart_steps,
+                          "batch_size": cfg.train.batch_size},
+            })
+            ckpt = ws
+        elif run.kind == "single":
             cfg = load_config(run.overrides + [f"run_dir={rd}"])
             res = train_local(cfg, source=run.source, run_dir=rd, init_checkpoint=ws, progress=False)
             summary.update(self._single_fields(cfg, res, rd))
@@ -154,13 +168,15 @@ class _Runner:
             summary.update({
                 "config_hash": cfg.config_hash(), "manifest_hash": manifest.manifest_hash(),
                 "checkpoint_hash": fed["final_hash"], "warmstart_hash": fed["warmstart_hash"],
-                "probe_hash": fed["probe_hash"], "rounds_completed": fed["rounds_completed"],
+                "probe_hash": fed["probe_hash"], "probe_split": fed.get("probe_split"),
+                "rounds_completed": fed["rounds_completed"],
                 "rounds": [_scalars(r) for r in fed["rounds"]],
                 "steps": {"rounds": cfg.federation.rounds, "inner_steps": cfg.federation.inner_steps,
                           "participant_steps": cfg.federation.rounds * cfg.federation.inner_steps,
                           "participants": cfg.data.num_silos},
             })
-        summary["git_sha"] = _manifest_git_sha(rd)
+        # An evaluation-only run has no manifest of its own: the code that scores it is this checkout.
+        summary["git_sha"] = _manifest_git_sha(rd) if run.kind != "evaluate" else git_sha()
         seconds["train"] = round(time.perf_counter() - started, 2)
         t_eval = time.perf_counter()
         summary["eval"] = self._evaluate(ckpt, cfg)

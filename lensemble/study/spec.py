@@ -9,7 +9,9 @@ Arms (every arm of one seed shares one warm start, the seed's silos, probe and e
 episodes):
 
 =============  ==========================================================================
-``central``    ``train_local(source="pooled")`` from the warm start (upper bound)
+``warmstart_only`` the warm start scored as it is (no training): what federation starts from
+``central``    ``train_local(source="pooled")`` from the warm start (upper bound); by default
+               it takes the federation's total optimizer steps (C × rounds × H)
 ``local``      ``train_local(source="silo-<i>")`` from the warm start, one run per silo
 ``fork_a``     federated, encoder frozen at the warm start (``model.encoder_frozen=true``)
 rungs          federated, ``gauge=<rung>`` (the rung table, :mod:`lensemble.config.rungs`);
@@ -31,10 +33,11 @@ from lensemble.config.loader import config_dir
 from lensemble.config.rungs import RUNGS
 from lensemble.errors import ConfigError
 
-BASELINES = ("central", "local", "fork_a")
+BASELINES = ("warmstart_only", "central", "local", "fork_a")
 FEDERATED_ARMS = RUNGS + ("fork_a",)
+EVAL_ONLY_ARMS = ("warmstart_only",)
 SINGLE_ARMS = ("central", "local")
-ALL_ARMS = SINGLE_ARMS + FEDERATED_ARMS  # report order: baselines, rungs, Fork A
+ALL_ARMS = EVAL_ONLY_ARMS + SINGLE_ARMS + FEDERATED_ARMS  # report order: warm start, baselines, rungs, Fork A
 
 
 class _Spec(BaseModel):
@@ -83,6 +86,8 @@ class PlanningSpec(_Spec):
     sd_train_success: float = Field(0.04, ge=0, description="seed-to-seed SD of an arm's true success")
     sd_drift_deg: float = Field(5.0, ge=0, description="SD of the per-seed drift difference")
     sd_effective_dim: float = Field(2.0, ge=0, description="SD of the per-seed effective-dim difference")
+    episode_correlation: float = Field(0.0, ge=0, lt=1, description="correlation of two arms' outcomes on the "
+                                       "same episode (0: unknown, the conservative choice)")
 
 
 class RegistrySpec(_Spec):
@@ -123,7 +128,8 @@ class StudySpec(_Spec):
     overrides: list[str] = Field(default_factory=list, description="Hydra overrides of every run")
     seeds: list[int] = Field(min_length=1)
     warmstart: Literal["study", "seed"] = "study"
-    budget: Literal["per_participant", "total"] = "per_participant"
+    budget: Literal["per_participant", "total"] = Field(
+        "total", description="central steps: the federation's total C × rounds × H (total) or one participant's")
     rungs: list[str] = Field(default_factory=lambda: list(RUNGS))
     baselines: list[str] = Field(default_factory=lambda: list(BASELINES))
     sweeps: dict[str, SweepSpec] = Field(default_factory=dict)
@@ -150,7 +156,7 @@ class StudySpec(_Spec):
 
     def ladder_arms(self) -> list[str]:
         """Arms of the ladder group, in report order: baselines, then the rungs."""
-        arms = [a for a in SINGLE_ARMS if a in self.baselines]
+        arms = [a for a in EVAL_ONLY_ARMS + SINGLE_ARMS if a in self.baselines]
         arms += [r for r in RUNGS if r in self.rungs]
         if "fork_a" in self.baselines:
             arms.append("fork_a")

@@ -78,6 +78,19 @@ def test_full_study_runs_every_planned_run_once(tiny):
     assert not list(d.rglob("*.safetensors")) and not list(d.rglob("*.npz"))
     # The code commit comes from the run's own manifest (40 hex digits, "+dirty" when edited).
     assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?|unknown", s["git_sha"]), s["git_sha"]
+    # Every episode is recorded, and every arm of a seed played the same ones (one goal spec).
+    eps = s["eval"]["episodes"]
+    assert len(eps) == 2 and all(e["route_valid"] in (True, False) for e in eps)
+    naive = json.loads((d / "runs" / "naive-s0.json").read_text())["eval"]
+    assert naive["goal_spec_hash"] == s["eval"]["goal_spec_hash"]
+    assert [(e["index"], e["seed"]) for e in naive["episodes"]] == [(e["index"], e["seed"]) for e in eps]
+    assert s["probe_split"]["num_landmarks"] + s["probe_split"]["num_measurement"] == s["probe_split"]["num_probe"]
+    # The warm start records its own step count; the warm-start-only arm trains nothing.
+    warm = json.loads((d / "runs" / "warmstart.json").read_text())
+    assert warm["steps"]["warmstart_steps"] == 60
+    wso = json.loads((d / "runs" / "warmstart_only-s1.json").read_text())
+    assert wso["kind"] == "evaluate" and wso["steps"]["train_steps"] == 0
+    assert wso["checkpoint_hash"] == warm["checkpoint_hash"] and wso["eval"]["n_episodes"] == 2
     # Every arm of seed 0 started from the one study-level warm start.
     ws = json.loads((d / "runs" / "warmstart.json").read_text())["checkpoint_hash"]
     for rid in ("anchor-s0", "naive-s1", "central-s0", "local-silo1-s1"):
@@ -93,8 +106,19 @@ def test_registry_fields(tiny):
             assert key in comp, key
     assert reg["claims"][2]["threshold"] == 0.5
     pw = reg["analysis"]["power_analysis"]
-    assert pw["n_seeds"] == 2 and pw["confirmable"] is False  # 2 seeds: the sign-flip floor is 0.25
-    assert reg["design"]["step_budget"]["participant_steps"] == 6 == reg["design"]["step_budget"]["central_steps"]
+    assert pw["n_seeds"] == 2 and "t test" in pw["test"]
+    # Before any run, per Holm family: can it confirm, and is it powered at its δ at the planned size?
+    fams = pw["families"]
+    assert set(fams) == {"confirmatory", "ladder"} and fams["confirmatory"]["size"] == 4
+    assert fams["ladder"]["size"] == len(reg["ladder_comparisons"])
+    for f in fams.values():
+        assert f["can_confirm"] is True and f["powered_at_delta"] == []   # 2 seeds: no power at δ
+        assert f["first_holm_threshold"] == pytest.approx(0.05 / f["size"])
+    assert pw["components"]["success"]["power_at_delta_first_holm_step"] < 0.8
+    # budget: total — the centralized arm takes the federation's total optimizer steps.
+    budget = reg["design"]["step_budget"]
+    assert budget["participant_steps"] == 6 and budget["central_steps"] == 12 == 2 * 6
+    assert "federation's total" in budget["statement"] and "warmstart_only" in reg["design"]["arms"]
     assert "data.root" not in " ".join(reg["design"]["base_overrides"])
 
 
@@ -273,6 +297,7 @@ def _synthetic_study(tmp_path, values):
 
 def test_decisions_confirm_clear_effects_and_falsify_absent_ones(tmp_path):
     table = {"central": (0.5, None, 20.0), "local": (0.1, None, 18.0), "naive": (0.1, 60.0, 3.0),
+             "warmstart_only": (0.1, None, 18.0),
              "anchor": (0.45, 5.0, 19.0)}
 
     def clear(arm, seed):
@@ -284,8 +309,12 @@ def test_decisions_confirm_clear_effects_and_falsify_absent_ones(tmp_path):
     assert labels["C1"]["label"] == "confirmed" and labels["C2"]["label"] == "confirmed"
     assert labels["C3"]["label"] == "confirmed" and 0.5 < labels["C3"]["rho"]["rho"] < 1.0
     assert labels["C4"]["label"] == "inconclusive"  # no sweep ran
-    # Six seeds: the one-sided sign-flip floor 1/64 passes Holm over the two claims.
-    assert labels["C2"]["p_adjusted"] == pytest.approx(2 / 64)
+    # Holm over the four components of C1 and C2; the claim's p is its components' largest.
+    c2 = labels["C2"]["components"][0]
+    assert c2["p_adjusted"] <= 0.05 and labels["C2"]["p_adjusted"] == c2["p_adjusted"]
+    c1 = labels["C1"]["components"]
+    assert labels["C1"]["p_adjusted"] == max(r["p_adjusted"] for r in c1)
+    assert all(r["pairing"] == "seed" for r in c1 if r["metric"] == "success")   # no episodes recorded
 
     def no_anchor_effect(arm, seed):
         s, drift, dim = clear(arm, seed)
@@ -302,3 +331,43 @@ def test_decisions_confirm_clear_effects_and_falsify_absent_ones(tmp_path):
             if comp["label"] == "confirmed":
                 lo, hi = comp["ci"]
                 assert (lo > 0) if comp["direction"] == "increase" else (hi < 0)
+
+
+def _with_episodes(d, n=40):
+    """Rewrite the synthetic summaries with per-episode records: seed s's episodes are shared by
+    every arm (one goal spec), episode e succeeds when e < the arm's success count (so arms are
+    strongly correlated episode by episode, as real arms are)."""
+    for path in (d / "runs").glob("*.json"):
+        summary = json.loads(path.read_text())
+        ev = summary.get("eval")
+        if not ev:
+            continue
+        k = ev["n_successes"]
+        ev["goal_spec_hash"] = f"{summary['seed']:064d}"
+        ev["episodes"] = [{"index": e, "seed": 1000 * summary["seed"] + e, "success": e < k, "steps": 10,
+                           "start_distance": 90.0, "final_distance": 5.0 if e < k else 50.0, "route_valid": True}
+                          for e in range(n)]
+        path.write_text(json.dumps(summary))
+
+
+def test_old_summaries_fall_back_to_seed_pairing_and_say_so(tmp_path):
+    def flat(arm, seed):
+        return 0.3 + 0.01 * (seed % 3), 40.0 + seed, 10.0 + 0.1 * seed
+
+    d = _synthetic_study(tmp_path / "old", flat)
+    a = analyze(d)
+    assert a["pairing"]["seed"] > 0 and a["pairing"]["episode"] == 0
+    assert any("per-episode records" in n for n in a["notes"])
+    assert any("per-episode outcomes" in x for x in a["superseded"])
+    _with_episodes(d)
+    b = analyze(d)
+    assert b["pairing"]["seed"] == 0 and b["pairing"]["episode"] > 0
+    assert not any("per-episode outcomes" in x for x in b["superseded"])
+    row = next(r for r in b["ladder_comparisons"] if r["metric"] == "success")
+    assert row["pairing"] == "episode" and row["n_episode_pairs"] == 6 * 40
+    assert row["hierarchical_ci"][0] <= row["estimate"] <= row["hierarchical_ci"][1]
+    # Episode pairing reproduces the per-seed rate difference exactly.
+    old = next(r for r in a["ladder_comparisons"] if r["id"] == row["id"])
+    assert row["estimate"] == pytest.approx(old["estimate"]) and row["p_value"] == pytest.approx(old["p_value"])
+    v = row["variance"]
+    assert v["per_seed_difference"] == pytest.approx(row["sd"] ** 2) and v["between_seed"] >= 0

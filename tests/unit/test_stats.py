@@ -155,3 +155,68 @@ def test_verdict_never_confirms_against_the_interval():
         stats.verdict(0.1, (0.0, 0.2), delta=-0.1)
     with pytest.raises(EvaluationError):
         stats.verdict(float("nan"), (0.0, 0.2), delta=0.1)
+
+
+# ---------------------------------------------------------------- the registered paired t tests
+def test_paired_t_test_matches_scipy_and_tests_against_delta():
+    d = np.array([0.10, 0.20, 0.05, 0.30, 0.15, 0.12])
+    t = stats.paired_t_test(d, delta=0.1, direction="increase")
+    ref = sps.ttest_1samp(d, 0.0, alternative="greater")
+    assert t.p_confirm == pytest.approx(ref.pvalue, rel=1e-12)
+    # Falsification: H0 "mean >= δ" against "mean < δ".
+    assert t.p_falsify == pytest.approx(sps.ttest_1samp(d, 0.1, alternative="less").pvalue, rel=1e-12)
+    lo, hi = sps.t.interval(0.95, 5, loc=d.mean(), scale=sps.sem(d))
+    assert (t.ci.low, t.ci.high) == pytest.approx((lo, hi))
+    # "decrease" mirrors it exactly.
+    m = stats.paired_t_test(-d, delta=0.1, direction="decrease")
+    assert (m.p_confirm, m.p_falsify) == pytest.approx((t.p_confirm, t.p_falsify))
+    two = stats.paired_t_test(d, delta=0.1, two_sided=True)
+    assert two.p_confirm == pytest.approx(sps.ttest_1samp(d, 0.0).pvalue, rel=1e-12)
+    # Zero spread: a common difference on the tested side is certain, elsewhere not.
+    flat = stats.paired_t_test(np.full(4, 0.05), delta=0.1)
+    assert flat.p_confirm == 0.0 and flat.p_falsify == 0.0
+    with pytest.raises(EvaluationError):
+        stats.paired_t_test([0.1], delta=0.1)
+
+
+def test_t_test_holds_its_level_confirming_and_falsifying():
+    # A known answer by simulation: at n = 6, the one-sided t rejects a true null 5 % of the time.
+    rng = np.random.default_rng(0)
+    null = rng.normal(0.0, 20.0, size=(4000, 6))
+    at_delta = rng.normal(10.0, 20.0, size=(4000, 6))
+    conf = np.mean([stats.paired_t_test(x, delta=10.0).p_confirm <= 0.05 for x in null])
+    fals = np.mean([stats.paired_t_test(x, delta=10.0).p_falsify <= 0.05 for x in at_delta])
+    assert abs(conf - 0.05) < 0.012 and abs(fals - 0.05) < 0.012
+
+
+@pytest.mark.parametrize("p_confirm, p_falsify, estimate, label", [
+    (0.001, 1.0, 0.5, "confirmed"),
+    (0.001, 1.0, 0.05, "inconclusive"),     # significant but short of δ, δ not ruled out
+    (0.6, 0.001, 0.01, "falsified"),
+    (0.3, 0.3, 0.05, "inconclusive"),
+])
+def test_test_verdict(p_confirm, p_falsify, estimate, label):
+    v = stats.test_verdict(estimate, (estimate - 0.1, estimate + 0.1), delta=0.1, direction="increase",
+                           p_confirm=p_confirm, p_falsify=p_falsify)
+    assert v.label == label
+
+
+def test_hierarchical_bootstrap_and_stratified_permutation():
+    rng = np.random.default_rng(1)
+    # Constant episode differences: no spread, a point interval.
+    est, ci, se = stats.hierarchical_bootstrap([np.full(5, 0.2), np.full(5, 0.2)], n_boot=500)
+    assert est == pytest.approx(0.2) and (ci.low, ci.high) == pytest.approx((0.2, 0.2)) and se == pytest.approx(0.0)
+    per_seed = [rng.choice([-1.0, 0.0, 0.0, 1.0], 20) for _ in range(6)]
+    est, ci, se = stats.hierarchical_bootstrap(per_seed, n_boot=4000, seed=0)
+    assert est == pytest.approx(np.mean([a.mean() for a in per_seed]))
+    assert ci.low < est < ci.high and se > 0
+    # Its variance is the seed-level one plus the episode resampling (roughly (n-1)/n·S²/n + mean within/n).
+    means = np.array([a.mean() for a in per_seed])
+    within = np.mean([a.var() / a.size for a in per_seed])
+    expected = math.sqrt(((means.var()) + within) / len(per_seed))
+    assert se == pytest.approx(expected, rel=0.1)
+    # Stratified episode-level sign flips: all episodes +1 is as extreme as it gets.
+    p = stats.stratified_permutation_pvalue([np.ones(8), np.ones(8)], n_perm=999, seed=0)
+    assert p == pytest.approx(1 / 1000)
+    p_null = stats.stratified_permutation_pvalue(per_seed, n_perm=4000, seed=0)
+    assert 0.0 < p_null <= 1.0
