@@ -133,7 +133,7 @@ def _curve_panel(ax, arms: dict, metric: str, ylabel: str, title: str) -> None:
         ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
         drawn = True
     if not drawn:
-        _empty(ax, f"no {ylabel} measured\n(degenerate frames or no federated arm)")
+        _empty(ax, f"no {ylabel} in the run summaries\n(not recorded by these runs, degenerate frames,\nor no federated arm)")
     else:
         from matplotlib.ticker import MaxNLocator
 
