@@ -24,12 +24,12 @@ FAKES_PATH = {"PYTHONPATH": str(Path(__file__).resolve().parent)}
 FAB_MAX_BYTES = 10 * 1024 * 1024
 
 
-def use_fake_apps(app: Path) -> None:
+def use_fake_apps(app: Path, clientapp: str = "clientapp") -> None:
     """Point the staged app's components at the fake sides (tests/integration/fake_apps.py)."""
     pyproject = app / "pyproject.toml"
     text = pyproject.read_text()
     for real, fake in (("lensemble.federation.flower.server_app:app", "fake_apps:serverapp"),
-                       ("lensemble.federation.flower.client_app:app", "fake_apps:clientapp")):
+                       ("lensemble.federation.flower.client_app:app", f"fake_apps:{clientapp}")):
         assert real in text
         text = text.replace(real, fake)
     pyproject.write_text(text)
@@ -129,6 +129,118 @@ def test_unregistered_supernode_is_refused(tmp_path):
             time.sleep(1)
         assert len(online) == 1, res.stdout + res.stderr
         assert good.alive(), good.log_text()
+    finally:
+        sl.stop_all(reversed(procs))
+    assert not any(p.alive() for p in procs)
+
+
+@pytest.mark.slow
+def test_stopped_supernode_costs_one_deadline_and_the_run_exits(tmp_path):
+    """Case 3 through a real SuperLink: SuperNode 1 is frozen (SIGSTOP) once round 1 starts. Round
+    1 waits one deadline for it; round 2 does not ask it again (its message is outstanding) and
+    finishes with SuperNode 0 alone; ``flwr run`` then exits 0."""
+    import os
+    import queue
+    import signal
+    import subprocess
+    import threading
+
+    deadline_s = 60  # a healthy SuperNode answers in 5-30 s here (a fresh ClientApp process per message)
+    app = sl.stage_app(ROOT, tmp_path / "lensemble")
+    use_fake_apps(app)
+    run_dir = tmp_path / "run"
+    procs: list[sl.FlowerProcess] = []
+    stopped: list[int] = []
+    try:
+        link = sl.start_superlink(tmp_path, env_extra=FAKES_PATH)
+        procs.append(link)
+        address = f"{sl.LOOPBACK}:{link.port}"
+        for i in range(2):
+            procs.append(sl.start_supernode(tmp_path, f"site{i}", superlink=address,
+                                            node_config={"partition-id": i, "num-partitions": 2,
+                                                         "state-dir": str(tmp_path / f"state{i}")},
+                                            env_extra=FAKES_PATH, ready_timeout_s=None))
+        for node in procs[1:]:
+            sl.wait_for_port(node, sl.LOOPBACK, node.port, 60)
+        cli_home = tmp_path / "cli-home"
+        sl.write_cli_config(cli_home, {"loopback": {"address": address, "insecure": True}})
+        run_config = (f"overrides='experiment=micro federation.rounds=3 federation.min_participants=1 "
+                      f"federation.round_timeout_s={deadline_s}' run-dir='{run_dir}'")
+        argv = [str(sl.venv_bin() / "flwr"), "run", ".", "loopback", "--stream", "--run-config", run_config]
+        cli = subprocess.Popen(argv, cwd=app, env=sl.flower_env(cli_home, FAKES_PATH), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(x) for x in cli.stdout] + [lines.put(None)], daemon=True).start()
+        out: list[str] = []
+        end = time.monotonic() + 480
+        while time.monotonic() < end:
+            try:
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            out.append(line)
+            if "[lensemble] round 1/3:" in line and not stopped:
+                os.kill(procs[2].pid, signal.SIGSTOP)  # freeze SuperNode 1: alive, silent
+                stopped.append(procs[2].pid)
+        code = cli.wait(timeout=max(1, end - time.monotonic()))
+        text = "".join(out)
+        assert code == 0, text
+        assert stopped, text
+        rounds = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
+        assert [r["participants"] for r in rounds] == [["silo-0", "silo-1"], ["silo-0"], ["silo-0"]], text
+        # round 1 waits for it at most one deadline: until the deadline, or until the SuperLink
+        # reports it offline (its heartbeats lapse 30-60 s after the freeze), whichever comes first
+        (why,) = rounds[1]["failures"].values()
+        assert list(rounds[1]["failures"]) == ["silo-1"]
+        if why == f"did not reply within {deadline_s} s":
+            assert rounds[1]["seconds"] >= deadline_s
+        else:
+            assert why.startswith("went offline (missed heartbeats)"), why
+        assert f"silo-1 {why}; quorum 1 met by silo-0" in text
+        # never asked again: round 2 names it busy (or nothing, once it is off the grid), and
+        # costs no second deadline
+        assert rounds[2]["failures"].get("silo-1", "is still busy with round 1").startswith("is still busy with round 1")
+        assert rounds[2]["seconds"] < deadline_s
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
+        sl.stop_all(reversed(procs))
+    assert not any(p.alive() for p in procs)
+
+
+@pytest.mark.slow
+def test_hung_client_on_the_ray_simulation_costs_one_deadline_and_flwr_run_returns(tmp_path):
+    """Case 3 on Flower's Ray simulation (a simulation SuperLink, as ``--engine ray`` runs it):
+    virtual client 1 hangs (for an hour) in round 2 of 4. Round 2 costs one deadline, round 3
+    queues nothing behind the hung actor and finishes with client 0 alone, and when the ServerApp
+    ends its busy actor is killed, so the simulation and ``flwr run`` return (before, Flower's
+    runtime waited for the actor forever). Rounds 0-1 absorb Ray's start-up."""
+    app = sl.stage_app(ROOT, tmp_path / "lensemble")
+    use_fake_apps(app, "hung_clientapp")
+    run_dir = tmp_path / "run"
+    procs: list[sl.FlowerProcess] = []
+    deadline_s = 45
+    try:
+        link = sl.start_superlink(tmp_path, simulation=True, env_extra=FAKES_PATH)
+        procs.append(link)
+        cli_home = tmp_path / "cli-home"
+        sl.write_cli_config(cli_home, {"sim": {"address": f"{sl.LOOPBACK}:{link.port}", "insecure": True}})
+        run_config = (f"overrides='experiment=micro federation.rounds=4 federation.min_participants=1 "
+                      f"federation.round_timeout_s={deadline_s} federation.round_retries=3' run-dir='{run_dir}'")
+        res = sl.flwr_cli(["run", ".", "sim", "--stream", "--run-config", run_config, "--federation-config",
+                           "num-supernodes=2 client-resources-num-cpus=1"],
+                          home=cli_home, cwd=app, timeout_s=600, env_extra=FAKES_PATH)
+        out = res.stdout + res.stderr
+        assert res.returncode == 0, out[-4000:]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["rounds"] == 4, out[-4000:]  # finished, although client 1 still "runs"
+        rounds = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
+        assert [r["participants"] for r in rounds[2:]] == [["silo-0"], ["silo-0"]], out[-4000:]
+        assert rounds[2]["failures"] == {"silo-1": f"did not reply within {deadline_s} s"}
+        assert rounds[3]["failures"]["silo-1"].startswith("is still busy with round 2")
+        assert rounds[3]["seconds"] < deadline_s  # no second deadline, no actor taken from silo-0
     finally:
         sl.stop_all(reversed(procs))
     assert not any(p.alive() for p in procs)

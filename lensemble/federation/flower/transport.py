@@ -3,8 +3,9 @@
 One attempt at round t:
 
 1. collect what came back for earlier messages still outstanding (a node that missed a deadline
-   stays *busy* until a reply of its own arrives, or until it drops off the grid), and drop it:
-   a late reply never enters a later round;
+   stays *busy* until a reply of its own arrives, until it drops off the grid, or until one more
+   deadline has passed since the link reported its message expired), and drop it: a late reply
+   never enters a later round;
 2. wait, at most the round deadline, until ``federation.min_participants`` nodes that are not
    busy are online (and briefly longer for the rest of the ``data.num_silos`` sites);
 3. send every such node one "train" message: the global arrays (ArrayRecord ``arrays``), the round
@@ -216,11 +217,13 @@ def _instruction(global_rec: ArrayRecord, round_config: Mapping[str, Any],
 
 @dataclass
 class Outstanding:
-    """A message a node has not answered yet: its id, the round it was for, when it was sent."""
+    """A message a node has not answered yet: its id, the round it was for, when it was sent
+    and, once the link reported it expired unanswered, when that was (monotonic seconds)."""
 
     message_id: str
     round_index: int
     sent: float
+    expired: float | None = None
 
 
 class GridAsk:
@@ -236,14 +239,17 @@ class GridAsk:
         self.cancel = cancel
         self.labels: dict[int, str] = {}  # node id -> participant id, remembered across rounds
         self.outstanding: dict[int, Outstanding] = {}
+        self.cooldown_s = float(cfg.federation.round_timeout_s)
         self.poll_s = min(float(getattr(grid, "pull_interval", PULL_S) or PULL_S), PULL_S)
 
     def _reap(self) -> set[int]:
         """Collect (and drop) late replies to outstanding messages; return the still-busy nodes.
 
-        A node is free again once a reply *from it* arrives (even an error). A reply the link
-        generated (src: the SuperLink) for a message that expired while the node may still be
-        running it does not free the node, unless the node is no longer online.
+        A node is free again once a reply *from it* arrives (even an error), or once it is no
+        longer online (whatever it ran went with it). When the link reports the message expired
+        unanswered (the node may be stuck in it, or its reply came too late to be kept), the node
+        is left alone for one more round deadline, then asked again: a node stuck for good costs
+        one deadline now and then, never a hang, and a merely slow one is not shut out for ever.
         """
         if not self.outstanding:
             return set()
@@ -258,13 +264,21 @@ class GridAsk:
                     continue
                 if int(msg.metadata.src_node_id) != SUPERLINK_NODE_ID:
                     self.outstanding.pop(nid, None)  # the node answered (late): it is free
-                else:
-                    self.outstanding[nid].message_id = ""  # expired in the link: nothing to pull
+                elif msg.has_error() and msg.error.code == ErrorCode.NODE_UNAVAILABLE:
+                    self.outstanding.pop(nid, None)  # offline: gone with what it ran
+                else:  # expired in the link: nothing more to pull; the cool-down starts now
+                    self.outstanding[nid].message_id = ""
+                    self.outstanding[nid].expired = time.monotonic()
+        now = time.monotonic()
+        for nid in [n for n, o in self.outstanding.items()
+                    if o.expired is not None and now - o.expired >= self.cooldown_s]:
+            del self.outstanding[nid]
         return set(self.outstanding)
 
     def __call__(self, t: int, round_config: dict, global_arrays: dict, extras: dict,
                  deadline_s: float) -> Answers:
         fed = self.cfg.federation
+        self.cooldown_s = deadline_s
         node_ids = wait_for_nodes(self.grid, want=fed.min_participants, hope=self.cfg.data.num_silos,
                                   deadline_s=deadline_s, busy=self._reap, cancel=self.cancel)
         global_rec = arrays_to_record(global_arrays)
@@ -294,7 +308,7 @@ class GridAsk:
                     if msg.error.code == ErrorCode.NODE_UNAVAILABLE:
                         offline[nid] = time.monotonic() - sent
                     else:
-                        self.outstanding[nid] = Outstanding("", t, sent)
+                        self.outstanding[nid] = Outstanding("", t, sent, expired=time.monotonic())
                     continue
                 replies.append(msg)
             if pending:
