@@ -13,7 +13,9 @@ nodes.
 - :mod:`~lensemble.federation.pseudograd`, :mod:`~lensemble.federation.release`,
   :mod:`~lensemble.federation.codec` — pseudo-gradients, clip/noise/int8, wire encoding;
 - :mod:`~lensemble.federation.outer`, :mod:`~lensemble.federation.validation`,
-  :mod:`~lensemble.federation.privacy` — the Nesterov outer step, reply checks, the DP ledger.
+  :mod:`~lensemble.federation.privacy` — the Nesterov outer step, reply checks, the DP ledger;
+- :mod:`~lensemble.federation.locks`, :mod:`~lensemble.federation.checks`,
+  :mod:`~lensemble.federation.faults` — folder locks, cross-field config checks, fault injection.
 
 The package namespace exports nothing: importing it must stay cheap (no torch model, no Flower,
 no opacus) for Ray workers and the CLI.
