@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -168,6 +170,7 @@ def run_with_flwr(cfg: LensembleConfig, run_dir: str | Path, *, progress: bool =
     # Ray reads its cluster address from RAY_ADDRESS; SuperExec and flwr-simulation inherit it.
     link = start_superlink(work, port=free_port(), simulation=True, cwd=Path.cwd(),
                            env_extra={"RAY_ADDRESS": ray_address})
+    previous = _stop_on_sigterm()
     try:
         write_cli_config(cli_home, {CONNECTION: {"address": f"{LOOPBACK}:{link.port}", "insecure": True}})
         argv = [str(venv_bin() / "flwr"), "run", str(app), CONNECTION, "--stream",
@@ -177,6 +180,8 @@ def run_with_flwr(cfg: LensembleConfig, run_dir: str | Path, *, progress: bool =
                      show_all=verbose, show=progress)
     finally:
         link.stop()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     fresh = summary_path.exists() and summary_path.stat().st_mtime >= started_at
     if rc != 0 or not fresh:
         tail = log_path.read_text(errors="replace")[-4000:] if log_path.exists() else ""
@@ -186,6 +191,19 @@ def run_with_flwr(cfg: LensembleConfig, run_dir: str | Path, *, progress: bool =
                          remediation="read the ServerApp error above; --engine inprocess runs the same "
                                      "rounds without Flower")
     return json.loads(summary_path.read_text())
+
+
+def _raise_exit(signum, _frame):
+    raise SystemExit(128 + signum)
+
+
+def _stop_on_sigterm():
+    """Turn SIGTERM into SystemExit while the run lasts, so ``finally`` stops the SuperLink tree
+    (Ctrl-C already raises KeyboardInterrupt); returns the handler to restore, or None off the
+    main thread (only it may set handlers). SIGKILL cannot be caught: the tree then outlives us."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_exit)
 
 
 def _stream(argv: list[str], *, env: dict, log_path: Path, deadline_s: float, show_all: bool, show: bool) -> int:
