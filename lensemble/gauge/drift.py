@@ -65,7 +65,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from lensemble.config.seeds import torch_generator
-from lensemble.errors import ConfigError, GaugeError, ProbeError
+from lensemble.errors import ConfigError, DegenerateProcrustes, GaugeError, ProbeError
 from lensemble.gauge.procrustes import as_float64_matrix, polar_factors
 from lensemble.model.collapse import effective_dim
 
@@ -405,6 +405,10 @@ def _select_pairs(c: int, max_pairs: int | None, seed: int) -> tuple[list[tuple[
     return [all_pairs[i] for i in chosen], total, True
 
 
+_TINY_FLOOR = 1e-300
+"""Singular floor of the within-subspace polar factor: only an exactly singular block is refused."""
+
+
 def principal_basis(x: torch.Tensor, variance: float) -> tuple[torch.Tensor, int]:
     """Eigenvectors of XᵀX (d, d, columns by descending energy) and the smallest r whose leading
     eigenvalues hold ``variance`` of the total (uncentred: the gauge is linear). r = d for X = 0."""
@@ -425,14 +429,23 @@ def _subspace_magnitudes(q: torch.Tensor, basis: torch.Tensor, rank: torch.Tenso
     to d x d (which adds only zero angles), gives the within-subspace rotation as its orthogonal
     polar factor and the principal angles between S and S Q as the arccosines of its singular
     values."""
-    d = q.shape[-1]
-    c = basis.mT @ q @ basis
+    # Only the leading r_max columns matter (the padding below adds zero angles): on SIGReg
+    # latents r ~ 12 of d = 64, so the decompositions are (r_max x r_max), not (d x d).
+    d = max(int(rank.max()), 1)
+    v = basis[..., :d]
+    c = v.mT @ q @ v
     ar = torch.arange(d)
     inside = (ar[None, :, None] < rank[:, None, None]) & (ar[None, None, :] < rank[:, None, None])
     eye = torch.eye(d, dtype=q.dtype).expand_as(c)
     block = torch.where(inside, c, eye)
-    u, sig, vh = torch.linalg.svd(block)
-    _, within, _ = _fast_drift_magnitudes(u @ vh)
+    try:
+        # The cheap polar factor (eigh of BᵀB, SVD only where ill-conditioned): B is a contraction
+        # with singular values cos φ_i, so it is ill-conditioned only when S is turned by ~90°.
+        polar, sig = _fast_polar_factors(block, _TINY_FLOOR, ["subspace"] * block.shape[0])
+    except DegenerateProcrustes:  # a direction of S turned fully out of it: any polar factor will do
+        u, sig, vh = torch.linalg.svd(block)
+        polar = u @ vh
+    _, within, _ = _fast_drift_magnitudes(polar)
     phi = torch.acos(sig.clamp(-1.0, 1.0))
     tilt = torch.rad2deg(torch.sqrt((phi * phi).sum(dim=-1)))
     return within, tilt
@@ -606,7 +619,13 @@ def frame_drift(
     stacked = torch.stack([mats[k] for k in ids]) if ids else torch.empty(0, n, d, dtype=torch.float64)
     pairs, total, sampled = _select_pairs(len(ids), max_pairs, seed)
     # Every embedding's principal basis once (the weighted measures use the target's).
-    bases_ranks = [principal_basis(mats[k], float(variance)) for k in ids]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # small decompositions: one thread each, as in _measure_chunks
+    try:
+        bases_ranks = [principal_basis(mats[k], float(variance)) for k in ids]
+        g_basis_rank = principal_basis(mats[GLOBAL_KEY], float(variance)) if GLOBAL_KEY in mats else None
+    finally:
+        torch.set_num_threads(previous)
     bases = torch.stack([b for b, _ in bases_ranks]) if ids else torch.empty(0, d, d, dtype=torch.float64)
     ranks = torch.tensor([r for _, r in bases_ranks], dtype=torch.long)
 
@@ -635,7 +654,7 @@ def frame_drift(
     if GLOBAL_KEY in mats and ids:
         g = mats[GLOBAL_KEY].unsqueeze(0)
         g_sq = (g * g).sum(dim=(-2, -1))
-        g_basis, g_rank = principal_basis(mats[GLOBAL_KEY], float(variance))
+        g_basis, g_rank = g_basis_rank
         g_bases, g_ranks = g_basis.unsqueeze(0), torch.tensor([g_rank], dtype=torch.long)
         for start in range(0, len(ids), _CHUNK):
             stop = start + len(ids[start : start + _CHUNK])
