@@ -101,6 +101,7 @@ def t_reject(per_seed: np.ndarray, alpha: float) -> np.ndarray:
     return t > crit
 
 
+@lru_cache(maxsize=512)
 def simulated_success_power(delta: float, *, n_seeds: int, n_episodes: int, baseline: float, sd_train: float,
                             episode_correlation: float, alpha: float, reps: int = 4000, seed: int = 0) -> float:
     """Power of the registered t test for a true success difference ``delta`` (simulation)."""

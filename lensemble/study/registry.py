@@ -56,6 +56,7 @@ def _finite_or_none(x: float | None) -> float | None:
 
 
 _SEED_GRID = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
+_SIM_REPS = 2000  # Monte-Carlo SE of a power near 0.8: 0.009
 
 
 class _Metric:
@@ -69,7 +70,7 @@ class _Metric:
         self.unit = {"success": "rate", "drift": "degrees", "effective_dim": "dimensions"}[name]
         self.sd = (pw.success_sd(p.baseline_success, n_episodes, p.sd_train_success, p.episode_correlation)
                    if name == "success" else {"drift": p.sd_drift_deg, "effective_dim": p.sd_effective_dim}[name])
-        self.method = ("simulation of the t test on binary episodes (4000 replicates, seed 0): per-seed spread "
+        self.method = ("simulation of the t test on binary episodes (2000 replicates, seed 0): per-seed spread "
                        "2·sd_train², episode correlation between arms as planned" if name == "success"
                        else "noncentral t (normal per-seed differences)")
 
@@ -78,14 +79,16 @@ class _Metric:
         if self.name == "success":
             return pw.simulated_success_power(delta, n_seeds=n, n_episodes=self.e, baseline=self.p.baseline_success,
                                               sd_train=self.p.sd_train_success,
-                                              episode_correlation=self.p.episode_correlation, alpha=alpha)
+                                              episode_correlation=self.p.episode_correlation, alpha=alpha,
+                                              reps=_SIM_REPS)
         return pw.t_power(delta, self.sd, n, alpha)
 
     def mde(self, alpha: float, power: float) -> float | None:
         if self.name == "success":
             return pw.simulated_success_mde(n_seeds=self.n, n_episodes=self.e, baseline=self.p.baseline_success,
                                             sd_train=self.p.sd_train_success,
-                                            episode_correlation=self.p.episode_correlation, alpha=alpha, power=power)
+                                            episode_correlation=self.p.episode_correlation, alpha=alpha, power=power,
+                                            reps=_SIM_REPS)
         return pw.t_mde(self.sd, self.n, alpha, power)
 
     def seeds_for_delta(self, alpha: float, power: float) -> int | None:
