@@ -288,7 +288,7 @@ def write_figures(study_dir: Path, analysis: dict) -> list[str]:
     lam = analysis["groups"].get("lambda_anc")
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     if lam:
-        _sweep_panel(a1, lam, ["anchor"], "drift_final", "final frame drift (degrees)", "λ_anc")
+        _sweep_panel(a1, lam, ["anchor"], "drift_final", "final drift °: unaligned participant → global", "λ_anc")
         _sweep_panel(a2, lam, ["anchor"], "success", "MPC success rate", "λ_anc")
         a1.set_title("Frame drift against λ_anc", fontsize=10)
         a2.set_title("Success against λ_anc", fontsize=10)
@@ -305,7 +305,7 @@ def write_figures(study_dir: Path, analysis: dict) -> list[str]:
         sweep_arms = sorted({a for cell in group.values() for a in cell["arms"]},
                             key=lambda a: ALL_ARMS.index(a) if a in ALL_ARMS else len(ALL_ARMS))
         fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-        _sweep_panel(axes[0], group, [a for a in sweep_arms if a in FEDERATED_ARMS], "drift_final", "final drift (degrees)", key)
+        _sweep_panel(axes[0], group, [a for a in sweep_arms if a in FEDERATED_ARMS], "drift_final", "final drift °: unaligned participant → global", key)
         _sweep_panel(axes[1], group, sweep_arms, "success", "MPC success rate", key)
         _rho_panel(axes[2], analysis["sweeps"].get(g, []), key, threshold)
         axes[0].set_title(f"Frame drift against {key}", fontsize=10)
