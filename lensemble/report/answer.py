@@ -127,6 +127,15 @@ def drift_sentence(rounds: Sequence[Mapping]) -> str:
     if missing:
         text += f"; {missing} round(s) had frames too degenerate to measure"
     last = rounds[-1] if rounds else {}
+    sub, share = last.get("gauge/drift_subspace_angle_deg"), last.get("gauge/drift_rotation_share")
+    if isinstance(sub, (int, float)) or isinstance(share, (int, float)):
+        parts = []
+        if isinstance(sub, (int, float)):
+            parts.append(f"within the global model's 95 %-energy subspace the angle was {_deg(float(sub))}")
+        if isinstance(share, (int, float)):
+            parts.append(f"a rotation explained {100 * float(share):.0f} % of the participants' disagreement "
+                         "with the global model")
+        text += f". After the last round, {' and '.join(parts)}"
     if isinstance(last.get("gauge/angle_to_warmstart_deg"), (int, float)):
         text += f". The global frame ended {_deg(float(last['gauge/angle_to_warmstart_deg']))} from the warm start's"
     return text + "."

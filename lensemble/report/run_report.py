@@ -65,6 +65,14 @@ GAUGE_KEYS = {
     "gauge/pairwise_angle_deg": "mean geodesic angle between participants (°)",
     "gauge/pairwise_residual": "mean ‖Q − I‖_F between participants",
     "gauge/angle_to_warmstart_deg": "geodesic angle of the global model's frame to the warm start's (°)",
+    "gauge/drift_rel_residual_before": "mean ‖E_c − E_global‖/‖E_global‖ before alignment, participants to global",
+    "gauge/drift_rel_residual_after": "the same after the Procrustes rotation",
+    "gauge/drift_rotation_share": "mean share of that disagreement a rotation explains",
+    "gauge/drift_subspace_angle_deg": "mean angle within the global model's 95 %-energy subspace (°)",
+    "gauge/pairwise_rel_residual_before": "mean relative disagreement between participants before alignment",
+    "gauge/pairwise_rel_residual_after": "the same after the Procrustes rotation",
+    "gauge/pairwise_rotation_share": "mean share of it a rotation explains, between participants",
+    "gauge/pairwise_subspace_angle_deg": "mean angle between participants within the 95 %-energy subspace (°)",
     "gauge/effective_dim": "mean effective dimension of the participants' probe embeddings",
     "gauge/global_effective_dim": "effective dimension of the global model's probe embeddings",
     "gauge/global_latent_std": "mean per-dimension std of the global model's probe embeddings",
@@ -74,7 +82,12 @@ GAUGE_KEYS = {
     "gauge/distill_skipped": "1 when no consensus frame could be distilled",
 }
 #: Labels of the drift reports' per-participant fields; others are shown under their own name.
-DRIFT_FIELDS = {"angle_deg": "geodesic angle (°)", "residual": "‖Q − I‖_F", "fit_residual": "rotation fit residual"}
+DRIFT_FIELDS = {"angle_deg": "geodesic angle (°)", "residual": "‖Q − I‖_F", "fit_residual": "rotation fit residual",
+                "relative_residual_before": "relative disagreement before alignment",
+                "rotation_share": "share a rotation explains",
+                "subspace_angle_deg": "angle in the 95 %-energy subspace (°)",
+                "subspace_tilt_deg": "tilt of the 95 %-energy subspace (°)",
+                "subspace_rank": "rank of the 95 %-energy subspace"}
 LOSS_KEYS = {"loss/pred": "prediction loss", "loss/sigreg": "SIGReg loss", "loss/anchor": "frame-anchor loss"}
 
 
@@ -328,7 +341,9 @@ def write_run_figures(run_dir: Path, cfg: LensembleConfig, summary: dict, drift:
 
 # ================================================================================== markdown
 def fmt(x, spec: str = ".4g") -> str:
-    """A table cell: a number in ``spec``, or "–"."""
+    """A table cell: an int as is, another number in ``spec``, or "–"."""
+    if isinstance(x, int) and not isinstance(x, bool):
+        return str(x)
     return format(float(x), spec) if _is_num(x) else "–"
 
 

@@ -88,6 +88,12 @@ def test_drift_sentence():
               {"round": 1, "gauge/drift_angle_deg": 67.37, "gauge/angle_to_warmstart_deg": 238.41}]
     text = drift_sentence(rounds)
     assert "214.4° after round 1, 67.4° after round 2" in text and text.endswith("238.4° from the warm start's.")
+    weighted = drift_sentence([{"round": 0, "gauge/drift_angle_deg": 300.0, "gauge/drift_subspace_angle_deg": 35.24,
+                                "gauge/drift_rotation_share": 0.551}])
+    assert weighted == ("Frame drift of the participants from the global model (mean geodesic angle on the public "
+                        "probe): 300.0° after round 1. After the last round, within the global model's 95 %-energy "
+                        "subspace the angle was 35.2° and a rotation explained 55 % of the participants' "
+                        "disagreement with the global model.")
     many = [{"round": t, "gauge/drift_angle_deg": float(10 * t)} for t in range(8)]
     assert "0.0° after round 1, 70.0° after round 8 (largest 70.0°, round 8)" in drift_sentence(many)
     degenerate = drift_sentence([{"round": 0, "gauge/drift_degenerate": 1}])
