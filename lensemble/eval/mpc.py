@@ -443,6 +443,9 @@ class WorldModelOnDevice:
         self._hook = None
 
     def __enter__(self):
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"eval.device={self.device} but torch {torch.__version__} sees no CUDA device here",
+                              remediation="eval.device=cpu")
         if self.device.type != "cpu":
             self.model.to(self.device)
             device = self.device

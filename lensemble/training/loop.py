@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 
 from lensemble.config.schema import LensembleConfig
+from lensemble.errors import ConfigError
 from lensemble.model.collapse import effective_dim, latent_std
 from lensemble.model.objective import AnchorFn, JEPAObjective, LossTerms
 from lensemble.model.world_model import WorldModel
@@ -39,6 +40,10 @@ class InnerLoop:
         self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
         self.steps_done = 0  # optimizer steps taken by this loop (drives the warm-up)
         self.device = torch.device(getattr(cfg.train, "device", "cpu"))  # [device]
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"train.device={self.device} but torch {torch.__version__} sees no CUDA device here",
+                              remediation="train.device=cpu, or on the ray engine give each client a GPU "
+                                          "(--client-gpus 1)")
 
     def lr_at(self, step: int) -> float:
         warm = self.cfg.train.warmup_steps

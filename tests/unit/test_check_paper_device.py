@@ -11,11 +11,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from lensemble.config import load_config
 from lensemble.config.schema import LensembleConfig, validate_config
 from lensemble.data.clips import ClipSampler
+from lensemble.errors import ConfigError
 from lensemble.eval.mpc import WorldModelOnDevice, module_device
 from lensemble.model.objective import sketch_for_step
 from lensemble.model.world_model import build_world_model
@@ -98,3 +100,13 @@ def test_world_model_on_device_is_a_no_op_on_the_cpu():
         assert m is model and not model.encoder._forward_pre_hooks
         assert module_device(model.predictor) == torch.device("cpu")
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch sees no CUDA device")
+def test_cuda_without_a_cuda_device_is_a_config_error():
+    cfg = load_config(["experiment=micro", "train.device=cuda"])
+    with pytest.raises(ConfigError, match="sees no CUDA device"):
+        InnerLoop(build_world_model(cfg.model, init_seed=0), cfg, _sampler(cfg))
+    with pytest.raises(ConfigError, match="eval.device=cuda"):
+        with WorldModelOnDevice(build_world_model(cfg.model, init_seed=0), "cuda"):
+            pass
