@@ -33,7 +33,14 @@ import numpy as np
 from scipy import stats
 
 from lensemble.eval.stats import bootstrap_ci
-from lensemble.study.power import simulate_success, simulated_success_mde, success_sd, t_mde, t_power, t_reject
+from lensemble.study.power import (
+    simulate_success,
+    simulated_success_mde,
+    success_sd,
+    t_mde,
+    t_power,
+    t_reject,
+)
 
 
 def _t_interval(d: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
@@ -134,7 +141,7 @@ def drift_cells(args, rng) -> list[dict]:
     first = args.alpha / args.components
     sd, delta, n = args.sd_drift, args.delta_drift, args.seeds
     for law in ("normal", "t3"):
-        def draw(mean):
+        def draw(mean, law=law):
             if law == "normal":
                 z = rng.standard_normal((args.reps, n))
             else:  # unit-variance t with 3 degrees of freedom: heavy tails

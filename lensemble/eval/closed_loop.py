@@ -440,7 +440,8 @@ def _oracle_chunk(envs, specs, eval_cfg: EvalConfig, planner: Planner, block: in
         pos = torch.from_numpy(np.stack([envs[r].agent_position() for r in rows]))
         sim = dynamics.take(idx).repeat(planner.num_samples)
         tp = time.perf_counter()
-        result = planner.plan(lambda z_rep, acts: sim.rollout(z_rep, acts, block), pos, goal[idx],
+        # sim is bound now: plan() calls the rollout before the loop moves on
+        result = planner.plan(lambda z_rep, acts, sim=sim: sim.rollout(z_rep, acts, block), pos, goal[idx],
                               init_mean=init[idx] if init is not None else None)
         plan_seconds += time.perf_counter() - tp
         calls[rows] += 1

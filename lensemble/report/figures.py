@@ -1,15 +1,11 @@
-"""Plotting helpers for reports: matplotlib without a display, guarded saves, common panels.
-
-Every figure is saved through :func:`save_figure`, which refuses (ResidencyViolation) a
-destination inside a silo's private folder before writing anything: reports are made to be shared.
-"""
+"""The run report's panels and colours, on the shared primitives of :mod:`lensemble.eval.figures`
+(matplotlib without a display, guarded saves, empty panels)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
-from lensemble.data.residency import guard_export
+from lensemble.eval.figures import empty_panel, pyplot, save_figure  # noqa: F401  (re-exported)
 
 #: Colours per role, so the same model has the same colour in every figure.
 COLOURS = {"federated": "#1f5fa8", "warmstart": "#e08a1e", "random": "#8c8c8c", "global": "#202020"}
@@ -19,34 +15,6 @@ PARTICIPANT_COLOURS = ("#2ca02c", "#d62728", "#17becf", "#9467bd", "#8c564b", "#
 
 def participant_colour(i: int) -> str:
     return PARTICIPANT_COLOURS[i % len(PARTICIPANT_COLOURS)]
-
-
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def empty_panel(ax, text: str) -> None:
-    """A panel that says why it holds no data."""
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=9, wrap=True)
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
-def save_figure(fig, path: str | Path, *, dpi: int = 100) -> Path:
-    """``tight_layout``, save as PNG (guarded by ``guard_export``), close; return the path."""
-    path = Path(path)
-    guard_export(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    pyplot().close(fig)
-    return path
 
 
 def integer_rounds(ax) -> None:

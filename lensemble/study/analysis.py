@@ -210,7 +210,7 @@ def _paired_units(t: dict[int, dict], c: dict[int, dict], metric: str) -> tuple[
     seeds = sorted(s for s in set(t) & set(c) if t[s].get(metric) is not None and c[s].get(metric) is not None)
     if metric != "success":
         return seeds, [t[s][metric] - c[s][metric] for s in seeds], None
-    per_seed, diffs = [], []
+    per_seed: list | None = []
     for s in seeds:
         et, ec = t[s].get("episodes"), c[s].get("episodes")
         same = (et is not None and ec is not None and t[s].get("goal_spec_hash") == c[s].get("goal_spec_hash")

@@ -19,6 +19,7 @@ from rich.console import Console
 from lensemble.config.rungs import RUNGS
 from lensemble.data.residency import guard_export
 from lensemble.errors import ConfigError
+from lensemble.eval.figures import empty_panel, pyplot, save_figure
 from lensemble.study.analysis import analyze
 from lensemble.study.files import atomic_write
 from lensemble.study.plan import LADDER
@@ -95,28 +96,6 @@ def _esc(text: str) -> str:
 
 
 # ================================================================================== figures
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _empty(ax, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=9, wrap=True)
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
-def _save(fig, path: Path) -> None:
-    guard_export(path)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    _plt().close(fig)
-
-
 def _curve_panel(ax, arms: dict, metric: str, ylabel: str, title: str) -> None:
     drawn = False
     for arm in FEDERATED_ARMS:
@@ -133,7 +112,7 @@ def _curve_panel(ax, arms: dict, metric: str, ylabel: str, title: str) -> None:
         ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
         drawn = True
     if not drawn:
-        _empty(ax, f"no {ylabel} in the run summaries\n(not recorded by these runs, degenerate frames,\nor no federated arm)")
+        empty_panel(ax, f"no {ylabel} in the run summaries\n(not recorded by these runs, degenerate frames,\nor no federated arm)")
     else:
         from matplotlib.ticker import MaxNLocator
 
@@ -161,7 +140,7 @@ def _bars(ax, arms: dict, metric: str, ylabel: str, title: str, *, wilson: bool 
             if wilson and key == "success" and st.get("pooled_success"):
                 extra.append((len(names) - 1, st["pooled_success"]["wilson"]))
     if not names:
-        _empty(ax, f"no {ylabel} yet")
+        empty_panel(ax, f"no {ylabel} yet")
         ax.set_title(title, fontsize=10)
         return
     xs = list(range(len(names)))
@@ -200,7 +179,7 @@ def _sweep_panel(ax, group: dict, arms: list[str], metric: str, ylabel: str, key
         ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=_ARM_LABEL.get(arm, arm))
         drawn = True
     if not drawn:
-        _empty(ax, f"no {ylabel} measured")
+        empty_panel(ax, f"no {ylabel} measured")
         return
     if not numeric:
         ax.set_xticks(xs)
@@ -242,7 +221,7 @@ def _rho_panel(ax, rows: list[dict], key_label: str, threshold: float | None) ->
 
 def write_figures(study_dir: Path, analysis: dict) -> list[str]:
     """Draw every figure into ``<study>/figures/``; return their paths relative to the study folder."""
-    plt = _plt()
+    plt = pyplot()
     fig_dir = study_dir / FIG_DIR
     guard_export(fig_dir)
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -261,11 +240,11 @@ def write_figures(study_dir: Path, analysis: dict) -> list[str]:
     _curve_panel(axes[1, 1], arms, "gauge/backstop_aligned_angle_deg", "geodesic angle (degrees)",
                  "Backstop: rotation left after its alignment (held-out frames)")
     fig.suptitle("Frame drift per round (mean over seeds, band = min–max over seeds)", fontsize=11)
-    _save(fig, fig_dir / "drift_rounds.png")
+    save_figure(fig, fig_dir / "drift_rounds.png", dpi=110)
 
     fig, ax = plt.subplots(figsize=(7, 4))
     _bars(ax, arms, "success", "MPC success rate", "Closed-loop success per rung and baseline", wilson=True)
-    _save(fig, fig_dir / "success.png")
+    save_figure(fig, fig_dir / "success.png", dpi=110)
 
     for name, metric, round_metric, label in (
         ("effective_dim.png", "effective_dim", "gauge/global_effective_dim", "effective dimension"),
@@ -274,7 +253,7 @@ def write_figures(study_dir: Path, analysis: dict) -> list[str]:
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
         _bars(a1, arms, metric, label, f"Final model, held-out frames ({label})")
         _curve_panel(a2, arms, round_metric, label, f"Global model on the probe per round ({label})")
-        _save(fig, fig_dir / name)
+        save_figure(fig, fig_dir / name, dpi=110)
 
     sev = analysis["sweeps"].get("severity")
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -282,8 +261,8 @@ def write_figures(study_dir: Path, analysis: dict) -> list[str]:
         _rho_panel(ax, sev, "non-IID severity", threshold)
         ax.set_title("Gap recovery ρ against non-IID severity", fontsize=10)
     else:
-        _empty(ax, "no severity sweep in this study")
-    _save(fig, fig_dir / "rho_severity.png")
+        empty_panel(ax, "no severity sweep in this study")
+    save_figure(fig, fig_dir / "rho_severity.png", dpi=110)
 
     lam = analysis["groups"].get("lambda_anc")
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -293,9 +272,9 @@ def write_figures(study_dir: Path, analysis: dict) -> list[str]:
         a1.set_title("Frame drift against λ_anc", fontsize=10)
         a2.set_title("Success against λ_anc", fontsize=10)
     else:
-        _empty(a1, "no λ_anc sweep in this study")
-        _empty(a2, "")
-    _save(fig, fig_dir / "lambda_anc.png")
+        empty_panel(a1, "no λ_anc sweep in this study")
+        empty_panel(a2, "")
+    save_figure(fig, fig_dir / "lambda_anc.png", dpi=110)
     out += [f"{FIG_DIR}/{n}" for n in FIGURES]
 
     for g, group in analysis["groups"].items():
@@ -311,7 +290,7 @@ def write_figures(study_dir: Path, analysis: dict) -> list[str]:
         axes[0].set_title(f"Frame drift against {key}", fontsize=10)
         axes[1].set_title(f"Success against {key}", fontsize=10)
         axes[2].set_title(f"ρ against {key}", fontsize=10)
-        _save(fig, fig_dir / f"sweep_{g}.png")
+        save_figure(fig, fig_dir / f"sweep_{g}.png", dpi=110)
         out.append(f"{FIG_DIR}/sweep_{g}.png")
     return out
 

@@ -3,11 +3,10 @@
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from opacus.accountants import RDPAccountant
-
-import numpy as np
 
 from lensemble.config.seeds import numpy_rng
 from lensemble.errors import ConfigError, PrivacyBudgetExceeded, RoundError
