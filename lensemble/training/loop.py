@@ -50,6 +50,11 @@ class InnerLoop:
             group["lr"] = lr
         batch = self.sampler.sample(self.cfg.train.batch_size, generator)
         self.model.train()
+        if self.cfg.model.encoder_frozen:
+            # A frozen encoder (Fork A) is frozen as a function: its BatchNorm layers, if any,
+            # normalise with their stored statistics and never update them.
+            for bn in self.model.encoder.batchnorm_layers():
+                bn.eval()
         terms = self.objective(self.model, batch.obs, batch.actions, sketch)
         self.optimizer.zero_grad(set_to_none=True)
         terms.total.backward()

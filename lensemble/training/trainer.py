@@ -30,7 +30,8 @@ from lensemble.training.loop import InnerLoop
 def recalibrate_for_checkpoint(model, cfg: LensembleConfig, sampler, source: str, step: int) -> int:
     """Before a checkpoint of a BatchNorm model is saved: re-estimate the running statistics on
     ``cfg.train.bn_recalibration_batches`` fresh training batches of ``sampler`` (0: keep the
-    momentum estimates). Returns the number of batches used (0 for a LayerNorm model).
+    momentum estimates). Returns the number of batches used (0 for a LayerNorm model or a frozen
+    encoder).
 
     The batches come from their own generator, derive(root, "bn-recalibration", source, step),
     so the training batch stream, and with it every parameter, is exactly what it would be
@@ -38,8 +39,8 @@ def recalibrate_for_checkpoint(model, cfg: LensembleConfig, sampler, source: str
     running ones.
     """
     n = cfg.train.bn_recalibration_batches
-    if n == 0 or not model.encoder.batchnorm_layers():
-        return 0
+    if n == 0 or cfg.model.encoder_frozen or not model.encoder.batchnorm_layers():
+        return 0  # a frozen encoder (Fork A) keeps the statistics it came with
     gen = torch_generator(cfg.root_seed, "bn-recalibration", source, step)
     batches = (sampler.sample(cfg.train.batch_size, gen).obs for _ in range(n))
     return recalibrate_batchnorm(model.encoder, batches)

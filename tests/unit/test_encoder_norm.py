@@ -306,3 +306,30 @@ def test_latents_are_robust_to_resize_kernel_and_brightness(inp, proj):
     kernel, bright = sorted(amps["kernel"])[1], sorted(amps["brightness"])[1]
     assert kernel <= 3.0, f"resize-kernel shift amplified {kernel:.2f}x relative to the start-goal distance"
     assert bright <= 2.0, f"brightness shift amplified {bright:.2f}x relative to the start-goal distance"
+
+
+class _ClipSampler(_FakeSampler):
+    """Clips with actions, as InnerLoop needs them (tiny_cfg: action_dim 2 x block 2 = 4)."""
+
+    def sample(self, batch_size, generator):
+        self.calls += 1
+        obs = torch.randint(0, 256, (batch_size, 2, 3, 16, 16), generator=generator, dtype=torch.uint8)
+        return type("Clips", (), {"obs": obs, "actions": torch.rand(batch_size, 1, 4, generator=generator)})()
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_inner_loop_updates_batchnorm_statistics_only_for_a_trained_encoder(frozen):
+    from lensemble.config.schema import ObjectiveConfig
+    from lensemble.training.loop import InnerLoop
+
+    cfg = LensembleConfig(model=tiny_cfg(projector_norm="batchnorm", encoder_frozen=frozen),
+                          train=TrainConfig(batch_size=4, warmup_steps=0),
+                          objective=ObjectiveConfig(sigreg_directions=8))
+    m = build_world_model(cfg.model, init_seed=0)
+    bn = m.encoder.projector[1]
+    mean0 = bn.running_mean.clone()
+    loop = InnerLoop(m, cfg, _ClipSampler())
+    loop.run(2, sketch_fn=lambda i: torch.nn.functional.normalize(torch.randn(D, 8), dim=0),
+             generator=torch.Generator().manual_seed(0))
+    assert torch.equal(bn.running_mean, mean0) == frozen
+    assert recalibrate_for_checkpoint(m, cfg, _ClipSampler(), "pooled", 2) == (0 if frozen else 40)
