@@ -3,7 +3,8 @@
 For each variant it trains one centralized (pooled) model with the CPU preset for ``--steps``
 optimizer steps, then scores every variant on the SAME ``--episodes`` held-out TwoRoom tasks (one
 eval seed, so one goal-spec hash), beside two floors on those tasks: random actions and an
-untrained model with the same planner. Reported per arm: successes with a Wilson interval,
+untrained model with the same planner (default architecture, init seed 123, input map left at its
+unfitted [0, 1] -> [-1, 1], as in examples/central_quality.py). Reported per arm: successes with a Wilson interval,
 success on tasks whose goal lies across the wall, the ladder's one-step / copy error, linear
 position-probe R² on latents against the same probe on a 64-component PCA of the raw pixels,
 effective dimension, latent std, and input robustness (how far the latents move under a change of
@@ -344,7 +345,7 @@ def main() -> None:
                         kind="world_model", architecture=architecture(cfg.model))
 
     arms: dict[str, dict] = {}
-    runs = {"random actions": (None, "random"), "untrained model (a), CEM": (untrained_dir, "mpc")}
+    runs = {"random actions": (None, "random"), "untrained model, CEM": (untrained_dir, "mpc")}
     trained = {}
     for v in variants:
         rec_path = out / v / "train.json"
@@ -382,7 +383,7 @@ def main() -> None:
         for row, p in zip(paired, adj.adjusted, strict=True):
             row["p_holm"] = float(p)
     for a in names:
-        for floor in ("random actions", "untrained model (a), CEM"):
+        for floor in ("random actions", "untrained model, CEM"):
             paired.append({"a": a, "b": floor, **mcnemar(arms[a]["success"], arms[floor]["success"])})
 
     result = {"steps": args.steps, "episodes": args.episodes, "goal_spec_hash": gsh, "eval_seed": cfg.eval.seed,
