@@ -37,6 +37,19 @@ def _omit_cpu_device(out: dict) -> dict:
     return out
 
 
+def _omit_defaults(dump: dict, added: dict) -> dict:
+    """``dump`` without the fields of ``added`` that sit at their (added-later) default value."""
+    for key, default in added.items():
+        if key in dump and dump[key] == default:
+            dump.pop(key)
+    return dump
+
+
+#: Fields added to a section after hashes had been taken of its dump, with their defaults.
+_MODEL_ADDED_DEFAULTS = {"predictor_attention": "window", "input_norm": "pixel", "projector_norm": "layernorm"}
+_TRAIN_ADDED_DEFAULTS = {"bn_recalibration_batches": 40}
+
+
 class ModelConfig(_Section):
     """Encoder (timm ViT) and predictor sizes. Latents are ``latent_dim``-dimensional."""
 
@@ -57,6 +70,18 @@ class ModelConfig(_Section):
         "(learned absolute positions); banded: causal attention banded to W keys per block with "
         "rotary positions, so a rollout can cache keys and values (docs/model.md)",
     )
+    input_norm: Literal["pixel", "global"] = Field(
+        "pixel",
+        description="pixel: per-pixel standardisation with mean/std fitted on the frames a fresh model "
+        "trains on (persistent buffers); global: the fixed map [0, 1] -> [-1, 1], no fitted statistics "
+        "(docs/model.md)",
+    )
+    projector_norm: Literal["layernorm", "batchnorm"] = Field(
+        "layernorm",
+        description="normalisation inside the projector after the CLS token: LayerNorm, or BatchNorm1d "
+        "(LeWM) whose running statistics are recalibrated before every checkpoint "
+        "(train.bn_recalibration_batches)",
+    )
     action_dim: int = Field(2, ge=1, description="environment action dimension")
     action_block: int = Field(5, ge=1, description="env steps per latent step (frameskip)")
     action_embed_dim: int = Field(64, ge=4)
@@ -76,12 +101,9 @@ class ModelConfig(_Section):
 
     @model_serializer(mode="wrap")
     def _omit_added_defaults(self, handler):
-        # predictor_attention was added after runs, warm starts and checkpoints had been hashed from
-        # this section's dump; leaving it out at its default keeps every earlier hash valid.
-        out = handler(self)
-        if out.get("predictor_attention") == "window":
-            out.pop("predictor_attention")
-        return out
+        # Fields added after runs, warm starts and checkpoints had been hashed from this section's
+        # dump; leaving them out at their defaults keeps every earlier hash valid.
+        return _omit_defaults(handler(self), _MODEL_ADDED_DEFAULTS)
 
 
 class ObjectiveConfig(_Section):
@@ -113,10 +135,17 @@ class TrainConfig(_Section):
     device: str = Field("cpu", pattern=DEVICE_PATTERN,
                         description="cpu | cuda | cuda:N: where the inner loop (and the warm start) trains; "
                                     "weights travel and are aggregated on the CPU either way (docs/federation.md)")
+    bn_recalibration_batches: int = Field(
+        40, ge=0,
+        description="with model.projector_norm=batchnorm: training batches (of batch_size clips) on "
+        "which the BatchNorm running statistics are re-estimated (cumulative average, no grad) "
+        "before every checkpoint is saved; 0 keeps the momentum-0.1 running estimates. Ignored "
+        "with layernorm",
+    )
 
     @model_serializer(mode="wrap")
     def _omit_added_defaults(self, handler):
-        return _omit_cpu_device(handler(self))
+        return _omit_defaults(_omit_cpu_device(handler(self)), _TRAIN_ADDED_DEFAULTS)
 
 
 class EnvConfig(_Section):

@@ -4,19 +4,27 @@ Layout (state-dict prefixes in brackets, relative to the encoder):
 
 1. ``vit``: a timm ``VisionTransformer`` trained from scratch (no pretrained weights), pooled on its
    CLS token, ``num_classes=0`` so it returns the (B, embed_dim) pooled feature.
-2. ``projector``: Linear(embed_dim, projector_hidden) - LayerNorm - GELU - Linear(-> d).
-   LayerNorm rather than BatchNorm on purpose: BatchNorm running statistics lag the weights on
-   near-identical frames and have no well-defined federated average.
+2. ``projector``: Linear(embed_dim, projector_hidden) - norm - GELU - Linear(-> d), where the norm
+   is ``model.projector_norm``: ``layernorm`` (default) or ``batchnorm`` (BatchNorm1d, as LeWM
+   puts after the CLS token). BatchNorm running statistics lag the weights on near-identical
+   frames (planning fell from 26 % to 6 % until they were re-estimated), so a batchnorm model has
+   them recalibrated by :func:`recalibrate_batchnorm` before every checkpoint; they are buffers,
+   never federated parameters (docs/model.md says what that means under federation).
 3. ``frame``: ``nn.Linear(d, d, bias=False)`` initialised to the identity. It is the last thing
    applied to z, so a change of latent basis z -> z Q is absorbed by ``frame.weight -> Qᵀ W``
-   alone (the gauge backstop rotates exactly this tensor).
+   alone (the gauge backstop rotates exactly this tensor). Any BatchNorm sits before it, in the
+   projector's hidden layer, so a rotation never touches BatchNorm statistics.
 
-Pixel normalisation lives inside the module as persistent per-pixel buffers (mean and std of
-public frames, see ``fit_input_normalization``), so a checkpoint carries it; uint8 input is
-divided by 255, then standardised pixel by pixel.
+Input normalisation is ``model.input_norm``. ``pixel`` (default): persistent per-pixel buffers
+``pixel_mean``/``pixel_std`` (mean and std of the frames a fresh model trains on, see
+``fit_input_normalization``), so a checkpoint carries them; uint8 input is divided by 255, then
+standardised pixel by pixel. ``global``: the fixed map [0, 1] -> [-1, 1] with no buffers and
+nothing fitted, so a change of a background pixel weighs what it weighs in the image.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -50,30 +58,45 @@ class Encoder(nn.Module):
             num_heads=cfg.num_heads,
             class_token=True,
         )
+        norm = (nn.BatchNorm1d(cfg.projector_hidden) if cfg.projector_norm == "batchnorm"
+                else nn.LayerNorm(cfg.projector_hidden))
         self.projector = nn.Sequential(
             nn.Linear(cfg.embed_dim, cfg.projector_hidden),
-            nn.LayerNorm(cfg.projector_hidden),
+            norm,
             nn.GELU(),
             nn.Linear(cfg.projector_hidden, cfg.latent_dim),
         )
         self.frame = nn.Linear(cfg.latent_dim, cfg.latent_dim, bias=False)
         with torch.no_grad():
             self.frame.weight.copy_(torch.eye(cfg.latent_dim))
-        # Per-pixel input standardisation (1, 3, img, img). It starts as [0, 1] -> [-1, 1] and is
-        # set from public frames by :meth:`fit_input_normalization`: scenes whose frames differ
-        # only in a small object are otherwise dominated by the shared background, the untrained
-        # ViT maps them to nearly one point, and SIGReg's gradient vanishes at that collapse.
-        # Persistent buffers, so the statistics travel with every checkpoint (never trained).
-        size = (1, 3, cfg.img_size, cfg.img_size)
-        self.register_buffer("pixel_mean", torch.full(size, 0.5))
-        self.register_buffer("pixel_std", torch.full(size, 0.5))
+        self.input_norm = cfg.input_norm
+        if cfg.input_norm == "pixel":
+            # Per-pixel input standardisation (1, 3, img, img). It starts as [0, 1] -> [-1, 1] and
+            # is set from public frames by :meth:`fit_input_normalization`: scenes whose frames
+            # differ only in a small object are otherwise dominated by the shared background, the
+            # untrained ViT maps them to nearly one point, and SIGReg's gradient vanishes at that
+            # collapse. Persistent buffers, so the statistics travel with every checkpoint (never
+            # trained). The price: a pixel constant in the fitted frames sits at the std floor
+            # 0.02, so a tiny change there (another resize kernel) is multiplied by 50, 25x what
+            # the global map's factor 2 gives it.
+            size = (1, 3, cfg.img_size, cfg.img_size)
+            self.register_buffer("pixel_mean", torch.full(size, 0.5))
+            self.register_buffer("pixel_std", torch.full(size, 0.5))
+
+    @property
+    def fits_input_statistics(self) -> bool:
+        """True when the input normalisation has statistics to fit (``input_norm == "pixel"``)."""
+        return self.input_norm == "pixel"
 
     @torch.no_grad()
     def fit_input_normalization(self, frames: torch.Tensor, *, max_frames: int = 4096,
                                 min_std: float = 0.02) -> None:
         """Set the per-pixel mean and std from uint8 frames (N, 3, img, img), e.g. the public
         corpus. At most ``max_frames`` evenly spaced frames are used; std is floored at
-        ``min_std`` (in [0, 1] pixel units) so constant background pixels are not blown up."""
+        ``min_std`` (in [0, 1] pixel units) so constant background pixels are not blown up.
+        Only for ``input_norm="pixel"``; a ``global`` encoder has nothing to fit (ValueError)."""
+        if not self.fits_input_statistics:
+            raise ValueError("input_norm='global' is a fixed map with no statistics to fit")
         if frames.ndim != 4 or tuple(frames.shape[1:]) != tuple(self.pixel_mean.shape[1:]):
             raise ValueError(f"frames must be (N, 3, {self.img_size}, {self.img_size}), got {tuple(frames.shape)}")
         step = max(1, frames.shape[0] // max_frames)
@@ -98,12 +121,18 @@ class Encoder(nn.Module):
                 x, size=(self.img_size, self.img_size), mode="bilinear", antialias=True,
                 align_corners=False,
             )
+        if self.input_norm == "global":
+            return x * 2.0 - 1.0
         return (x - self.pixel_mean) / self.pixel_std
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Frames (B, 3, H, W) -> latents (B, d)."""
         feat = self.vit(self.preprocess(x))  # (B, embed_dim): CLS token after the final norm
         return self.frame(self.projector(feat))
+
+    def batchnorm_layers(self) -> list[nn.modules.batchnorm._BatchNorm]:
+        """The encoder's BatchNorm modules (empty for ``projector_norm="layernorm"``)."""
+        return [m for m in self.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
     def encode_frames(self, x: torch.Tensor) -> torch.Tensor:
         """Clips (B, T, 3, H, W) -> latents (B, T, d), all frames in one batched pass."""
@@ -129,3 +158,47 @@ def embed_frames(encoder: Encoder, frames: torch.Tensor, batch_size: int = 256) 
     finally:
         encoder.train(was_training)
     return torch.cat(chunks) if chunks else torch.zeros(0, encoder.latent_dim)
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(encoder: Encoder, frame_batches: Iterable[torch.Tensor]) -> int:
+    """Re-estimate every BatchNorm running mean/var of ``encoder`` from ``frame_batches``.
+
+    Each batch is (n, 3, H, W) (uint8 or float in [0, 1]) or a clip batch (B, T, 3, H, W),
+    encoded in one pass like a training batch. The running statistics are reset and replaced by
+    the cumulative (equal-weight) average of the per-batch statistics (``momentum=None``), so the
+    result depends only on the weights and the frames, not on the training history. No gradient
+    is taken, nothing else in the encoder changes (dropout and the rest stay in eval mode), and
+    the train/eval mode and momenta are restored afterwards. ``num_batches_tracked`` ends as the
+    number of batches used. Returns that number (0, a no-op, for an encoder without BatchNorm).
+
+    Where the frames come from is the caller's choice, and decides whose statistics the model
+    carries: training batches (``train_local``), public frames (a coordinator), a silo's frames
+    (a participant; such statistics are data summaries and must not leave the silo).
+    """
+    layers = encoder.batchnorm_layers()
+    if not layers:
+        return 0
+    was_training = encoder.training
+    momenta = [m.momentum for m in layers]
+    encoder.eval()
+    n = 0
+    try:
+        for m in layers:
+            m.reset_running_stats()
+            m.momentum = None
+            m.train()
+        for batch in frame_batches:
+            if batch.ndim == 5:
+                batch = batch.reshape(-1, *batch.shape[2:])
+            if batch.shape[0] < 2:
+                raise ValueError("BatchNorm recalibration needs batches of at least 2 frames")
+            encoder(batch)
+            n += 1
+    finally:
+        for m, mom in zip(layers, momenta, strict=True):
+            m.momentum = mom
+        encoder.train(was_training)
+    if n == 0:
+        raise ValueError("recalibrate_batchnorm got no batches: the running statistics would be reset to 0/1")
+    return n

@@ -60,6 +60,11 @@ class InnerLoop:
             obs, actions = obs.to(self.device), actions.to(self.device)
             sketch = sketch.to(self.device)
         self.model.train()
+        if self.cfg.model.encoder_frozen:
+            # A frozen encoder (Fork A) is frozen as a function: its BatchNorm layers, if any,
+            # normalise with their stored statistics and never update them.
+            for bn in self.model.encoder.batchnorm_layers():
+                bn.eval()
         terms = self.objective(self.model, obs, actions, sketch)
         self.optimizer.zero_grad(set_to_none=True)
         terms.total.backward()

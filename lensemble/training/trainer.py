@@ -18,12 +18,32 @@ from lensemble.artifacts.manifest import build_manifest, write_manifest
 from lensemble.config.schema import LensembleConfig
 from lensemble.config.seeds import derive, torch_generator
 from lensemble.errors import ConfigError
+from lensemble.model.encoder import recalibrate_batchnorm
 from lensemble.model.objective import sketch_for_step
 from lensemble.model.world_model import architecture, build_world_model, world_model_from_state
 from lensemble.observability.metrics import MetricsSink
 from lensemble.observability.progress import progress_bar
 from lensemble.training.datasets import training_sampler
 from lensemble.training.loop import InnerLoop
+
+
+def recalibrate_for_checkpoint(model, cfg: LensembleConfig, sampler, source: str, step: int) -> int:
+    """Before a checkpoint of a BatchNorm model is saved: re-estimate the running statistics on
+    ``cfg.train.bn_recalibration_batches`` fresh training batches of ``sampler`` (0: keep the
+    momentum estimates). Returns the number of batches used (0 for a LayerNorm model or a frozen
+    encoder).
+
+    The batches come from their own generator, derive(root, "bn-recalibration", source, step),
+    so the training batch stream, and with it every parameter, is exactly what it would be
+    without recalibration: train-mode BatchNorm normalises with batch statistics, never with the
+    running ones.
+    """
+    n = cfg.train.bn_recalibration_batches
+    if n == 0 or cfg.model.encoder_frozen or not model.encoder.batchnorm_layers():
+        return 0  # a frozen encoder (Fork A) keeps the statistics it came with
+    gen = torch_generator(cfg.root_seed, "bn-recalibration", source, step)
+    batches = (sampler.sample(cfg.train.batch_size, gen).obs for _ in range(n))
+    return recalibrate_batchnorm(model.encoder, batches)
 
 
 @dataclass(frozen=True)
@@ -75,8 +95,10 @@ def train_local(
     else:
         model = build_world_model(cfg.model, init_seed=derive(cfg.root_seed, "init"))
         # A fresh model standardises its input with statistics of the data it trains on (for the
-        # warm start: public frames only); a warm-started model keeps the ones it carries.
-        model.encoder.fit_input_normalization(sampler.frames)
+        # warm start: public frames only); a warm-started model keeps the ones it carries. The
+        # global input map has nothing to fit.
+        if model.encoder.fits_input_statistics:
+            model.encoder.fit_input_normalization(sampler.frames)
     if cfg.model.encoder_frozen:
         for p in model.encoder.parameters():
             p.requires_grad_(False)
@@ -108,6 +130,9 @@ def train_local(
             last = loop.run(chunk, sketch_fn=lambda i, base=step: sketch(base + i), generator=generator,
                             on_step=on_step, log_every=cfg.train.log_every)
             step += chunk
+            recalibrated = recalibrate_for_checkpoint(model, cfg, sampler, source, step)
+            if recalibrated:
+                last = {**last, "train/bn_recalibration_batches": recalibrated}
             parent = save_checkpoint(
                 ckpt_root / f"step-{step:06d}", model.state_dict(), kind=kind, round_index=step,
                 parent_hash=parent, config_hash=cfg.config_hash(), architecture=architecture(cfg.model),

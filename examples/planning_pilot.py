@@ -1,0 +1,397 @@
+"""Planning pilot for the encoder normalisation options (issue 14, items 2-3), on fixed tasks.
+
+For each variant it trains one centralized (pooled) model with the CPU preset for ``--steps``
+optimizer steps, then scores every variant on the SAME ``--episodes`` held-out TwoRoom tasks (one
+eval seed, so one goal-spec hash), beside two floors on those tasks: random actions and an
+untrained model with the same planner (default architecture, init seed 123, input map left at its
+unfitted [0, 1] -> [-1, 1], as in examples/central_quality.py). Reported per arm: successes with a Wilson interval,
+success on tasks whose goal lies across the wall, the ladder's one-step / copy error, linear
+position-probe R² on latents against the same probe on a 64-component PCA of the raw pixels,
+effective dimension, latent std, and input robustness (how far the latents move under a change of
+resize kernel or a +4/255 brightness shift, relative to the start-goal latent distance). Paired
+comparisons on shared tasks: the exact McNemar test (a two-sided binomial test on the discordant
+pairs), Holm-adjusted over the variant-vs-variant pairs.
+
+Variants (all start from the same initial weights and see the same training batches; only the
+normalisation differs):
+
+    a  default: model.input_norm=pixel,  model.projector_norm=layernorm
+    b           model.input_norm=global, model.projector_norm=layernorm
+    c           model.input_norm=pixel,  model.projector_norm=batchnorm (BN recalibrated on 40 batches)
+    d           model.input_norm=global, model.projector_norm=batchnorm (BN recalibrated on 40 batches)
+
+The exact command (from the repository root; every stage is cached under --out, so re-running the
+same command resumes where it stopped; variants are trained and evaluated in the order given):
+
+    nice -n 19 .venv/bin/python examples/planning_pilot.py --out runs/planning-pilot \\
+        --steps 2000 --episodes 100 --variants a,d,b,c
+
+``--stage train`` only trains (to run two trainings side by side in two processes), ``--stage
+eval`` only evaluates what has been trained; the default ``all`` does both and writes
+``<out>/pilot.json`` and ``<out>/pilot.md``. Extra arguments are config overrides for every arm.
+CPU seconds (this process, one torch thread) are recorded per training run and per evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lensemble.eval.harness import (
+    episode_specs,
+    eval_factor_values,
+    goal_spec_hash,
+    load_split,
+    planner_plan_fn,
+    pose_goal,
+    run_closed_loop,
+)
+
+from lensemble.artifacts.checkpoint import load_checkpoint, save_checkpoint
+from lensemble.config import load_config
+from lensemble.config.seeds import derive
+from lensemble.data.store import ensure_data
+from lensemble.envs.adapter import env_info, make_env, resize_frame
+from lensemble.eval.ladder import PROBE_DIMS, LadderSettings, linear_probe_r2, run_ladder
+from lensemble.eval.mpc import Planner
+from lensemble.eval.stats import holm, sign_test_pvalue, wilson_interval
+from lensemble.model.encoder import embed_frames
+from lensemble.model.world_model import architecture, build_world_model, world_model_from_state
+from lensemble.training.trainer import train_local
+
+VARIANTS = {
+    "a": ("pixel", "layernorm"),
+    "b": ("global", "layernorm"),
+    "c": ("pixel", "batchnorm"),
+    "d": ("global", "batchnorm"),
+}
+#: The option keys (every schema field is in Hydra's base layer, so no + prefix is needed).
+NORM_KEYS = ("model.input_norm", "model.projector_norm")
+PCA_COMPONENTS = 64
+ROBUSTNESS_TASKS = 50
+BRIGHTNESS = 4  # /255, added to every channel of both frames
+
+
+def variant_overrides(v: str) -> list[str]:
+    inp, proj = VARIANTS[v]
+    out = []
+    if inp != "pixel":
+        out.append(f"{NORM_KEYS[0]}={inp}")
+    if proj != "layernorm":
+        out.append(f"{NORM_KEYS[1]}={proj}")
+    return out
+
+
+def variant_label(v: str) -> str:
+    inp, proj = VARIANTS[v]
+    return f"({v}) {inp} + {proj}"
+
+
+def cpu_seconds() -> float:
+    return time.process_time()
+
+
+# ----------------------------------------------------------------------------------- training
+def train_variant(v: str, base: list[str], out: Path, steps: int) -> dict:
+    """Train (or reuse) variant v; returns {checkpoint, hash, cpu_seconds, wall_seconds, ...}."""
+    rec_path = out / v / "train.json"
+    if rec_path.exists():
+        return json.loads(rec_path.read_text())
+    cfg = load_config([f"train.steps={steps}", "train.checkpoint_every=0", f"run_dir={out / v}",
+                       "train.threads=1", *base, *variant_overrides(v)])
+    ensure_data(cfg, progress=False)  # collected before the clock starts (shared by every arm)
+    c0, w0 = cpu_seconds(), time.perf_counter()
+    res = train_local(cfg, source="pooled", run_dir=out / v / "central", progress=False)
+    rec = {"variant": v, "input_norm": cfg.model.input_norm, "projector_norm": cfg.model.projector_norm,
+           "checkpoint": str(res.checkpoint_dir), "checkpoint_hash": res.checkpoint_hash,
+           "config_hash": cfg.config_hash(), "steps": steps,
+           "cpu_seconds": round(cpu_seconds() - c0, 1), "wall_seconds": round(time.perf_counter() - w0, 1),
+           "final_metrics": res.final_metrics}
+    rec_path.write_text(json.dumps(rec, indent=1))
+    print(f"trained {variant_label(v)}: {rec['cpu_seconds']} CPU-s, {rec['wall_seconds']} s wall, "
+          f"pred {res.final_metrics.get('loss/pred'):.4f}", flush=True)
+    return rec
+
+
+# ---------------------------------------------------------------------------------- the tasks
+def task_geometry(cfg, specs) -> list[dict]:
+    """Per task: start and goal agent positions and whether the goal lies across the wall
+    (stable-worldmodel's own ``check_other_room`` rule), read on a separate env."""
+    env = make_env(cfg.env.id, cfg.model.img_size)
+    rows = []
+    try:
+        for spec in specs:
+            pose_goal(env, spec, cfg.eval.goal_offset, cfg.eval.seed)
+            start, goal = env.agent_position(), env.goal_state()
+            u = env.unwrapped
+            axis = int(u.variation_space.value["wall"]["axis"])
+            i = 1 if axis == 0 else 0
+            wall = float(u.wall_pos)
+            cross = bool((start[i] < wall < goal[i]) or (goal[i] < wall < start[i]))
+            rows.append({"index": spec.index, "start": start.tolist(), "goal": goal.tolist(),
+                         "cross_wall": cross})
+    finally:
+        env.close()
+    return rows
+
+
+def native_pairs(cfg, specs, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(start, goal) at the env's native 224 px for the first n tasks (for the robustness test)."""
+    env = make_env(cfg.env.id, cfg.model.img_size)
+    pairs = []
+    try:
+        for spec in specs[:n]:
+            pose_goal(env, spec, cfg.eval.goal_offset, cfg.eval.seed)
+            start = np.asarray(env.env.render())
+            goal = env.unwrapped._target_img.detach().cpu().numpy().transpose(1, 2, 0)
+            pairs.append((np.ascontiguousarray(start), np.ascontiguousarray(goal)))
+    finally:
+        env.close()
+    return pairs
+
+
+def closed_loop(ckpt, cfg, specs, policy: str, parallel: int = 8) -> dict:
+    """Per-episode outcomes of ``policy`` on ``specs`` (the harness's own closed loop)."""
+    model = None
+    if ckpt is not None:
+        ck = load_checkpoint(ckpt)
+        model = world_model_from_state(ck.architecture, ck.tensors).eval()
+    info = env_info(cfg.env.id)
+    envs = [make_env(cfg.env.id, cfg.model.img_size) for _ in range(min(parallel, len(specs)))]
+    c0, w0 = cpu_seconds(), time.perf_counter()
+    try:
+        plan_fn = None
+        if policy == "mpc":
+            block = model.cfg.action_block
+            planner = Planner.from_config(
+                cfg.eval, action_dim=info.action_dim * block,
+                action_low=torch.tensor(info.action_low).repeat(block),
+                action_high=torch.tensor(info.action_high).repeat(block),
+                seed=derive(cfg.eval.seed, "eval", "planner"))
+            plan_fn = planner_plan_fn(model, planner, cfg.eval.receding_horizon)
+        res = run_closed_loop(model, envs, specs, cfg.eval, plan_fn=plan_fn, eval_seed=cfg.eval.seed)
+    finally:
+        for env in envs:
+            env.close()
+    eps = sorted(res.episodes, key=lambda e: e.index)
+    return {"success": [bool(e.success) for e in eps], "final_distance": [e.final_distance for e in eps],
+            "start_distance": [e.start_distance for e in eps], "plan_calls": sum(e.plan_calls for e in eps),
+            "time_per_action_ms": res.time_per_action_ms,
+            "cpu_seconds": round(cpu_seconds() - c0, 1), "wall_seconds": round(time.perf_counter() - w0, 1)}
+
+
+# ------------------------------------------------------------------------------ measurements
+def pixel_pca_probe(cfg) -> dict:
+    """The linear position probe on a PCA of raw pixels: same frames, same ridge as the ladder's
+    latent probe (train frames evenly subsampled to 4096, scored on the held-out episodes)."""
+    eval_batch, train = load_split(cfg, "heldout", progress=False)
+    settings = LadderSettings()
+    obs_tr = np.concatenate([b.obs.reshape(-1, *b.obs.shape[-3:]) for b in train])
+    st_tr = np.concatenate([b.state.reshape(-1, b.state.shape[-1]) for b in train])
+    if obs_tr.shape[0] > settings.max_probe_frames:
+        keep = np.linspace(0, obs_tr.shape[0] - 1, settings.max_probe_frames).round().astype(int)
+        obs_tr, st_tr = obs_tr[keep], st_tr[keep]
+    dims = list(PROBE_DIMS[cfg.env.id])
+    x_tr = torch.from_numpy(obs_tr.reshape(obs_tr.shape[0], -1)).double() / 255.0
+    x_te = torch.from_numpy(eval_batch.obs.reshape(-1, int(np.prod(eval_batch.obs.shape[-3:])))).double() / 255.0
+    s_te = eval_batch.state.reshape(-1, eval_batch.state.shape[-1])[:, dims]
+    mu = x_tr.mean(0, keepdim=True)
+    _, _, vh = torch.linalg.svd(x_tr - mu, full_matrices=False)
+    basis = vh[:PCA_COMPONENTS].T
+    p_tr, p_te = (x_tr - mu) @ basis, (x_te - mu) @ basis
+    r2, per_dim = linear_probe_r2(p_tr, torch.from_numpy(st_tr[:, dims]), p_te, torch.from_numpy(s_te),
+                                  ridge=settings.probe_ridge)
+    return {"probe_r2": r2, "per_dim": per_dim, "components": PCA_COMPONENTS,
+            "train_frames": int(obs_tr.shape[0]), "test_frames": int(x_te.shape[0])}
+
+
+def ladder(ckpt, cfg) -> dict:
+    ck = load_checkpoint(ckpt)
+    model = world_model_from_state(ck.architecture, ck.tensors).eval()
+    eval_batch, train = load_split(cfg, "heldout", progress=False)
+    r = run_ladder(model, eval_batch, train, split="heldout", env=None, seed=derive(cfg.eval.seed, "ladder"))
+    return {"one_step_error": r.one_step_error, "copy_last_error": r.copy_last_error,
+            "rollout_composite": r.rollout_composite, "probe_r2": r.probe_r2,
+            "probe_r2_per_dim": r.probe_r2_per_dim, "effective_dim": r.effective_dim, "latent_std": r.latent_std}
+
+
+def robustness(ckpt, pairs, img_size: int) -> dict:
+    """Latent shift under (i) bilinear (antialiased, the Encoder.forward path for native frames)
+    instead of the training's area kernel, (ii) +BRIGHTNESS/255 on area-resized frames; each as
+    ||Δz|| / ||z_start - z_goal|| per task (median and 90th percentile over tasks)."""
+    ck = load_checkpoint(ckpt)
+    enc = world_model_from_state(ck.architecture, ck.tensors).eval().encoder
+
+    def chw(frames):
+        return torch.from_numpy(np.ascontiguousarray(np.stack(frames))).permute(0, 3, 1, 2)
+
+    starts = [resize_frame(s, img_size) for s, _ in pairs]
+    goals = [resize_frame(g, img_size) for _, g in pairs]
+    area_s, area_g = chw(starts), chw(goals)
+    z_s, z_g = embed_frames(enc, area_s), embed_frames(enc, area_g)
+    native = chw([s for s, _ in pairs]).float() / 255.0
+    bilinear = F.interpolate(native, size=(img_size, img_size), mode="bilinear", antialias=True,
+                             align_corners=False)
+    z_bil = embed_frames(enc, bilinear)
+    bright = (area_s.int() + BRIGHTNESS).clamp(0, 255).to(torch.uint8)
+    z_bright = embed_frames(enc, bright)
+    sg = (z_s - z_g).norm(dim=1).clamp_min(1e-12)
+    pix = (bilinear - area_s.float() / 255.0).abs().mean().item() * 255.0
+    out = {"tasks": len(pairs), "bilinear_mean_pixel_change_255": round(pix, 2)}
+    for name, z in (("resize", z_bil), ("brightness", z_bright)):
+        ratio = ((z - z_s).norm(dim=1) / sg).numpy()
+        out[f"{name}_ratio_median"] = float(np.median(ratio))
+        out[f"{name}_ratio_p90"] = float(np.quantile(ratio, 0.9))
+    return out
+
+
+# ------------------------------------------------------------------------------------- stats
+def rate(successes: list[bool]) -> dict:
+    k, n = int(sum(successes)), len(successes)
+    ci = wilson_interval(k, n)
+    return {"n": n, "successes": k, "rate": k / n, "wilson_95": [ci.low, ci.high]}
+
+
+def mcnemar(a: list[bool], b: list[bool]) -> dict:
+    """Exact McNemar: a two-sided binomial test on the discordant pairs (a only vs b only)."""
+    diff = np.asarray(a, float) - np.asarray(b, float)
+    return {"a_only": int((diff > 0).sum()), "b_only": int((diff < 0).sum()),
+            "p_two_sided": sign_test_pvalue(diff)}
+
+
+# ------------------------------------------------------------------------------------ report
+def write_report(out: Path, result: dict) -> None:
+    (out / "pilot.json").write_text(json.dumps(result, indent=1, default=str))
+    lines = [f"# Planning pilot: encoder normalisation ({result['steps']} steps, "
+             f"{result['episodes']} tasks, goal-spec {result['goal_spec_hash'][:12]})", "",
+             f"Tasks whose goal lies across the wall: {result['cross_wall_tasks']} of {result['episodes']}. "
+             f"Linear position probe on a {PCA_COMPONENTS}-component PCA of raw pixels: "
+             f"R² {result['pixel_pca_probe']['probe_r2']:.3f}.", "",
+             "| arm | success | Wilson 95 % | cross-wall | probe R² | eff. dim | latent std | one-step / copy "
+             "| resize shift | brightness shift | train CPU-s | eval CPU-s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, arm in result["arms"].items():
+        r, lad, rob = arm["rate"], arm.get("ladder") or {}, arm.get("robustness") or {}
+        cw = arm.get("cross_wall_rate")
+        fmt = (lambda x, f=".3f": "–" if x is None else format(x, f))
+        lines.append(
+            f"| {name} | {r['successes']}/{r['n']} = {r['rate']:.0%} | [{r['wilson_95'][0]:.0%}, {r['wilson_95'][1]:.0%}] "
+            f"| {'–' if cw is None else f'{cw[0]}/{cw[1]}'} | {fmt(lad.get('probe_r2'))} | {fmt(lad.get('effective_dim'), '.1f')} "
+            f"| {fmt(lad.get('latent_std'))} | {fmt(lad.get('one_step_error'))} / {fmt(lad.get('copy_last_error'))} "
+            f"| {fmt(rob.get('resize_ratio_median'), '.2f')} | {fmt(rob.get('brightness_ratio_median'), '.2f')} "
+            f"| {arm.get('train_cpu_seconds', '–')} | {arm.get('eval_cpu_seconds', '–')} |")
+    lines += ["", "Shifts: median over tasks of ||Δz|| / ||z_start − z_goal||. Paired comparisons on the shared "
+              "tasks (exact McNemar, two-sided; Holm over the variant pairs):", "",
+              "| A vs B | A only | B only | p | p (Holm) |", "|---|---|---|---|---|"]
+    for row in result["paired"]:
+        holm_p = row.get("p_holm")
+        lines.append(f"| {row['a']} vs {row['b']} | {row['a_only']} | {row['b_only']} | {row['p_two_sided']:.3g} "
+                     f"| {'–' if holm_p is None else format(holm_p, '.3g')} |")
+    (out / "pilot.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="runs/planning-pilot")
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--episodes", type=int, default=100)
+    ap.add_argument("--variants", default="a,d,b,c")
+    ap.add_argument("--stage", choices=("all", "train", "eval"), default="all")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
+    torch.set_num_threads(1)
+
+    if args.stage in ("all", "train"):
+        for v in variants:
+            train_variant(v, args.overrides, out, args.steps)
+    if args.stage == "train":
+        return
+
+    cfg = load_config([f"run_dir={out}", *args.overrides])  # the eval protocol and data (shared by all arms)
+    values, _ = eval_factor_values(cfg, cfg.env.id, "heldout")
+    specs = episode_specs(cfg.eval.seed, args.episodes, values)
+    gsh = goal_spec_hash(cfg.env.id, cfg.eval.goal_offset, cfg.eval.budget, specs)
+    cache = out / "cache"
+    cache.mkdir(exist_ok=True)
+
+    def cached(name: str, fn):
+        path = cache / f"{name}.json"
+        if path.exists():
+            return json.loads(path.read_text())
+        value = fn()
+        path.write_text(json.dumps(value, indent=1, default=str))
+        return value
+
+    geometry = cached(f"geometry-{gsh[:12]}", lambda: task_geometry(cfg, specs))
+    cross = [g["cross_wall"] for g in geometry]
+    pca = cached("pixel-pca-probe", lambda: pixel_pca_probe(cfg))
+    pairs = native_pairs(cfg, specs, ROBUSTNESS_TASKS)
+
+    untrained_dir = out / "untrained"
+    if not (untrained_dir / "header.json").exists():
+        save_checkpoint(untrained_dir, build_world_model(cfg.model, init_seed=123).state_dict(),
+                        kind="world_model", architecture=architecture(cfg.model))
+
+    arms: dict[str, dict] = {}
+    runs = {"random actions": (None, "random"), "untrained model, CEM": (untrained_dir, "mpc")}
+    trained = {}
+    for v in variants:
+        rec_path = out / v / "train.json"
+        if rec_path.exists():
+            trained[v] = json.loads(rec_path.read_text())
+            runs[variant_label(v)] = (trained[v]["checkpoint"], "mpc")
+    for name, (ckpt, policy) in runs.items():
+        key = name.split(")")[0].strip("(") if name.startswith("(") else name.replace(" ", "-").replace(",", "")
+        loop = cached(f"loop-{key}-{args.episodes}-{gsh[:12]}", lambda: closed_loop(ckpt, cfg, specs, policy))
+        arm = {"rate": rate(loop["success"]), "success": loop["success"], "eval_cpu_seconds": loop["cpu_seconds"],
+               "eval_wall_seconds": loop["wall_seconds"], "time_per_action_ms": loop["time_per_action_ms"],
+               "plan_calls": loop["plan_calls"],
+               "mean_final_distance": float(np.mean(loop["final_distance"])),
+               "cross_wall_rate": [int(sum(s for s, c in zip(loop["success"], cross) if c)), int(sum(cross))]}
+        if ckpt is not None:
+            arm["ladder"] = cached(f"ladder-{key}", lambda: ladder(ckpt, cfg))
+            arm["robustness"] = cached(f"robustness-{key}-{ROBUSTNESS_TASKS}-{gsh[:12]}",
+                                       lambda: robustness(ckpt, pairs, cfg.model.img_size))
+        if name.startswith("(") and key in trained:
+            arm["train_cpu_seconds"] = trained[key]["cpu_seconds"]
+            arm["train_wall_seconds"] = trained[key]["wall_seconds"]
+            arm["checkpoint_hash"] = trained[key]["checkpoint_hash"]
+            arm["final_train_metrics"] = trained[key]["final_metrics"]
+        arms[name] = arm
+        print(f"{name:28s} {arm['rate']['successes']}/{arm['rate']['n']} "
+              f"[{arm['rate']['wilson_95'][0]:.2f}, {arm['rate']['wilson_95'][1]:.2f}]  "
+              f"eval {loop['cpu_seconds']} CPU-s", flush=True)
+
+    paired = []
+    names = [variant_label(v) for v in variants if v in trained]
+    for a, b in itertools.combinations(names, 2):
+        paired.append({"a": a, "b": b, **mcnemar(arms[a]["success"], arms[b]["success"])})
+    if paired:
+        adj = holm([p["p_two_sided"] for p in paired])
+        for row, p in zip(paired, adj.adjusted, strict=True):
+            row["p_holm"] = float(p)
+    for a in names:
+        for floor in ("random actions", "untrained model, CEM"):
+            paired.append({"a": a, "b": floor, **mcnemar(arms[a]["success"], arms[floor]["success"])})
+
+    result = {"steps": args.steps, "episodes": args.episodes, "goal_spec_hash": gsh, "eval_seed": cfg.eval.seed,
+              "overrides": args.overrides, "cross_wall_tasks": int(sum(cross)), "pixel_pca_probe": pca,
+              "arms": arms, "paired": paired, "tasks": geometry}
+    write_report(out, result)
+    print((out / "pilot.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
