@@ -266,6 +266,10 @@ def mcnemar(a: list[bool], b: list[bool]) -> dict:
 
 
 # ------------------------------------------------------------------------------------ report
+def fmt(x, f: str = ".3f") -> str:
+    return "–" if x is None else format(x, f)
+
+
 def write_report(out: Path, result: dict) -> None:
     (out / "pilot.json").write_text(json.dumps(result, indent=1, default=str))
     lines = [f"# Planning pilot: encoder normalisation ({result['steps']} steps, "
@@ -279,7 +283,6 @@ def write_report(out: Path, result: dict) -> None:
     for name, arm in result["arms"].items():
         r, lad, rob = arm["rate"], arm.get("ladder") or {}, arm.get("robustness") or {}
         cw = arm.get("cross_wall_rate")
-        fmt = (lambda x, f=".3f": "–" if x is None else format(x, f))
         lines.append(
             f"| {name} | {r['successes']}/{r['n']} = {r['rate']:.0%} | [{r['wilson_95'][0]:.0%}, {r['wilson_95'][1]:.0%}] "
             f"| {'–' if cw is None else f'{cw[0]}/{cw[1]}'} | {fmt(lad.get('probe_r2'))} | {fmt(lad.get('effective_dim'), '.1f')} "
@@ -354,16 +357,16 @@ def main() -> None:
             runs[variant_label(v)] = (trained[v]["checkpoint"], "mpc")
     for name, (ckpt, policy) in runs.items():
         key = name.split(")")[0].strip("(") if name.startswith("(") else name.replace(" ", "-").replace(",", "")
-        loop = cached(f"loop-{key}-{args.episodes}-{gsh[:12]}", lambda: closed_loop(ckpt, cfg, specs, policy))
+        loop = cached(f"loop-{key}-{args.episodes}-{gsh[:12]}", lambda c=ckpt, p=policy: closed_loop(c, cfg, specs, p))
         arm = {"rate": rate(loop["success"]), "success": loop["success"], "eval_cpu_seconds": loop["cpu_seconds"],
                "eval_wall_seconds": loop["wall_seconds"], "time_per_action_ms": loop["time_per_action_ms"],
                "plan_calls": loop["plan_calls"],
                "mean_final_distance": float(np.mean(loop["final_distance"])),
-               "cross_wall_rate": [int(sum(s for s, c in zip(loop["success"], cross) if c)), int(sum(cross))]}
+               "cross_wall_rate": [int(sum(s for s, c in zip(loop["success"], cross, strict=True) if c)), int(sum(cross))]}
         if ckpt is not None:
-            arm["ladder"] = cached(f"ladder-{key}", lambda: ladder(ckpt, cfg))
+            arm["ladder"] = cached(f"ladder-{key}", lambda c=ckpt: ladder(c, cfg))
             arm["robustness"] = cached(f"robustness-{key}-{ROBUSTNESS_TASKS}-{gsh[:12]}",
-                                       lambda: robustness(ckpt, pairs, cfg.model.img_size))
+                                       lambda c=ckpt: robustness(c, pairs, cfg.model.img_size))
         if name.startswith("(") and key in trained:
             arm["train_cpu_seconds"] = trained[key]["cpu_seconds"]
             arm["train_wall_seconds"] = trained[key]["wall_seconds"]
