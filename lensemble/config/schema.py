@@ -48,6 +48,8 @@ def _omit_defaults(dump: dict, added: dict) -> dict:
 #: Fields added to a section after hashes had been taken of its dump, with their defaults.
 _MODEL_ADDED_DEFAULTS = {"predictor_attention": "window", "input_norm": "pixel", "projector_norm": "layernorm"}
 _TRAIN_ADDED_DEFAULTS = {"bn_recalibration_batches": 40}
+_EVAL_ADDED_DEFAULTS = {"goal_source": "expert"}
+_FEDERATION_ADDED_DEFAULTS = {"bn_recalibration": "probe"}
 
 
 class ModelConfig(_Section):
@@ -208,6 +210,18 @@ class FederationConfig(_Section):
     max_update_mb: float = Field(512.0, gt=0)
     warmstart: str | None = Field(None, description="warm-start checkpoint folder; None: train one")
     state_dir: str | None = Field(None, description="participants' local state (default <run>/nodes)")
+    bn_recalibration: Literal["probe", "none"] = Field(
+        "probe",
+        description="with model.projector_norm=batchnorm: probe: the coordinator re-estimates the global "
+        "encoder's BatchNorm statistics on the public probe after every outer step (and distillation) "
+        "and commits them, and each participant does the same after its inner steps before embedding "
+        "the probe, so every party's statistics come from the same public frames; none: the global "
+        "keeps the warm start's statistics (docs/model.md)",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_added_defaults(self, handler):
+        return _omit_defaults(handler(self), _FEDERATION_ADDED_DEFAULTS)
 
 
 class PrivacyConfig(_Section):
@@ -231,7 +245,15 @@ class EvalConfig(_Section):
     topk: int = Field(30, ge=1)
     mppi_temperature: float = Field(0.5, gt=0)
     episodes: int = Field(50, ge=1)
-    goal_offset: int = Field(25, ge=1, description="goal = expert state this many steps ahead")
+    goal_offset: int = Field(25, ge=1, description="goal = the state this many env steps ahead (of goal_source)")
+    goal_source: Literal["expert", "dataset"] = Field(
+        "expert",
+        description="expert: the strict protocol, the goal is where the noise-free goal expert is goal_offset "
+        "steps after the episode's start; dataset: the published (LeWM) one, start and goal are the states at "
+        "t0 and t0 + goal_offset of a fresh held-out episode of the collection's behaviour policy (noisy "
+        "expert mixed with held random actions, data.random_action_share), t0 uniform in "
+        "[0, data.steps_per_episode - goal_offset] (docs/evaluation.md)",
+    )
     budget: int = Field(50, ge=1, description="env steps allowed per episode")
     seed: int = 0
     heldout_factors: list[str] = Field(default_factory=list)
@@ -241,7 +263,7 @@ class EvalConfig(_Section):
 
     @model_serializer(mode="wrap")
     def _omit_added_defaults(self, handler):
-        return _omit_cpu_device(handler(self))
+        return _omit_defaults(_omit_cpu_device(handler(self)), _EVAL_ADDED_DEFAULTS)
 
     @model_validator(mode="after")
     def _check(self):
@@ -279,6 +301,10 @@ class LensembleConfig(_Section):
             raise ValueError("gauge.anchor_landmarks cannot exceed data.probe_frames")
         if self.federation.min_participants > self.data.num_silos:
             raise ValueError("federation.min_participants exceeds data.num_silos")
+        if self.eval.goal_source == "dataset" and self.eval.goal_offset > self.data.steps_per_episode:
+            # t0 + goal_offset must lie inside one behaviour episode of data.steps_per_episode steps
+            raise ValueError(f"eval.goal_offset={self.eval.goal_offset} exceeds data.steps_per_episode="
+                             f"{self.data.steps_per_episode}: a dataset goal lies inside one episode")
         return self
 
     def config_hash(self) -> str:

@@ -32,6 +32,7 @@ from lensemble.errors import (
     PrivacyBudgetExceeded,
     ProbeError,
 )
+from lensemble.federation.bn_stats import recalibrate_on_probe
 from lensemble.federation.checks import check_federation_config
 from lensemble.federation.codec import payload_nbytes, quant_ratio
 from lensemble.federation.locks import lock_folder
@@ -300,6 +301,10 @@ class Coordinator:
             self.outer = self._outer(params)
             self.outer.load_state_dict(velocity)
             metrics.update({"gauge/distill_loss_before": res.loss_before, "gauge/distill_loss_after": res.loss_after})
+        # The global's BatchNorm statistics follow its new weights (re-estimated on the public probe)
+        # and are committed with them; before the probe is embedded, so drift sees the committed model.
+        if recalibrate_on_probe(model.encoder, self.probe, self.cfg):
+            _, self.fixed = split_state({k: v.detach().clone() for k, v in model.state_dict().items()}, self.keys)
 
         global_emb = embed_frames(model.encoder, self.probe)
         # Under DP no participant embeddings arrive: drift is then only global vs warm start.

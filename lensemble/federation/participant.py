@@ -26,6 +26,7 @@ from lensemble.data.collect import load_silo
 from lensemble.data.probe import probe_split_for
 from lensemble.data.store import ensure_data, probe_frames
 from lensemble.errors import DegenerateProcrustes, FolderInUse
+from lensemble.federation.bn_stats import recalibrate_on_probe
 from lensemble.federation.locks import lock_folder
 from lensemble.federation.messages import NodeSpec, Reply
 from lensemble.federation.privacy import PrivacyLedger, write_durably
@@ -149,6 +150,9 @@ def _participant_round(cfg: LensembleConfig, node: NodeSpec, state_dir: Path, gl
         old.unlink()
 
     local_sd = {k: v.detach() for k, v in model.state_dict().items()}
+    # Statistics from the same public frames as the coordinator's (never from the silo's frames, whose
+    # summaries would leave outside the DP pipeline); buffers are not federated, so Δ is unchanged.
+    recalibrate_on_probe(model.encoder, probe, cfg)
     local_emb = embed_frames(model.encoder, probe)
     metrics = {k: v for k, v in last.items() if k.startswith("loss/")}
     delta = None
