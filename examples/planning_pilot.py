@@ -43,14 +43,13 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lensemble.eval.harness import (
+from lensemble.eval.closed_loop import (
     episode_specs,
     eval_factor_values,
+    evaluate,
     goal_spec_hash,
     load_split,
-    planner_plan_fn,
     pose_goal,
-    run_closed_loop,
 )
 
 from lensemble.artifacts.checkpoint import load_checkpoint, save_checkpoint
@@ -60,37 +59,37 @@ from lensemble.data.store import ensure_data
 from lensemble.envs.adapter import env_info, make_env, resize_frame
 from lensemble.eval.ladder import PROBE_DIMS, LadderSettings, linear_probe_r2, run_ladder
 from lensemble.eval.mpc import Planner
-from lensemble.eval.stats import holm, sign_test_pvalue, wilson_interval
+from lensemble.eval.stats import holm, mcnemar_exact, wilson_interval
 from lensemble.model.encoder import embed_frames
 from lensemble.model.world_model import architecture, build_world_model, world_model_from_state
 from lensemble.training.trainer import train_local
 
+#: Variant -> the overrides that make it (on top of the CPU preset of the code under test).
 VARIANTS = {
-    "a": ("pixel", "layernorm"),
-    "b": ("global", "layernorm"),
-    "c": ("pixel", "batchnorm"),
-    "d": ("global", "batchnorm"),
+    "a": ["model.input_norm=pixel", "model.projector_norm=layernorm"],
+    "b": ["model.input_norm=global", "model.projector_norm=layernorm"],
+    "c": ["model.input_norm=pixel", "model.projector_norm=batchnorm"],
+    "d": ["model.input_norm=global", "model.projector_norm=batchnorm"],
+    # d with the banded predictor (rotary positions, KV-cached rollouts): does it plan as well?
+    "e": ["model.input_norm=global", "model.projector_norm=batchnorm", "model.predictor_attention=banded"],
 }
-#: The option keys (every schema field is in Hydra's base layer, so no + prefix is needed).
-NORM_KEYS = ("model.input_norm", "model.projector_norm")
 PCA_COMPONENTS = 64
 ROBUSTNESS_TASKS = 50
 BRIGHTNESS = 4  # /255, added to every channel of both frames
 
 
 def variant_overrides(v: str) -> list[str]:
-    inp, proj = VARIANTS[v]
-    out = []
-    if inp != "pixel":
-        out.append(f"{NORM_KEYS[0]}={inp}")
-    if proj != "layernorm":
-        out.append(f"{NORM_KEYS[1]}={proj}")
-    return out
+    return list(VARIANTS[v])
 
 
-def variant_label(v: str) -> str:
-    inp, proj = VARIANTS[v]
-    return f"({v}) {inp} + {proj}"
+def arm_key(v: str, seed: int) -> str:
+    """The arm's folder under --out: the variant letter for seed 0 (as the first pilot stored it)."""
+    return v if seed == 0 else f"{v}-s{seed}"
+
+
+def variant_label(v: str, seed: int = 0) -> str:
+    desc = ", ".join(o.split(".", 1)[1] for o in VARIANTS[v])
+    return f"({arm_key(v, seed)}) {desc}"
 
 
 def cpu_seconds() -> float:
@@ -98,23 +97,25 @@ def cpu_seconds() -> float:
 
 
 # ----------------------------------------------------------------------------------- training
-def train_variant(v: str, base: list[str], out: Path, steps: int) -> dict:
-    """Train (or reuse) variant v; returns {checkpoint, hash, cpu_seconds, wall_seconds, ...}."""
-    rec_path = out / v / "train.json"
+def train_variant(v: str, seed: int, base: list[str], out: Path, steps: int) -> dict:
+    """Train (or reuse) variant v at root seed ``seed`` (its own data collection, initial weights
+    and batches); returns {checkpoint, hash, cpu_seconds, wall_seconds, ...}."""
+    key = arm_key(v, seed)
+    rec_path = out / key / "train.json"
     if rec_path.exists():
         return json.loads(rec_path.read_text())
-    cfg = load_config([f"train.steps={steps}", "train.checkpoint_every=0", f"run_dir={out / v}",
-                       "train.threads=1", *base, *variant_overrides(v)])
-    ensure_data(cfg, progress=False)  # collected before the clock starts (shared by every arm)
+    cfg = load_config([f"train.steps={steps}", "train.checkpoint_every=0", f"run_dir={out / key}",
+                       "train.threads=1", f"root_seed={seed}", *base, *variant_overrides(v)])
+    ensure_data(cfg, progress=False)  # collected before the clock starts (shared by every arm of this seed)
     c0, w0 = cpu_seconds(), time.perf_counter()
-    res = train_local(cfg, source="pooled", run_dir=out / v / "central", progress=False)
-    rec = {"variant": v, "input_norm": cfg.model.input_norm, "projector_norm": cfg.model.projector_norm,
+    res = train_local(cfg, source="pooled", run_dir=out / key / "central", progress=False)
+    rec = {"variant": v, "seed": seed, "overrides": variant_overrides(v),
            "checkpoint": str(res.checkpoint_dir), "checkpoint_hash": res.checkpoint_hash,
            "config_hash": cfg.config_hash(), "steps": steps,
            "cpu_seconds": round(cpu_seconds() - c0, 1), "wall_seconds": round(time.perf_counter() - w0, 1),
            "final_metrics": res.final_metrics}
     rec_path.write_text(json.dumps(rec, indent=1))
-    print(f"trained {variant_label(v)}: {rec['cpu_seconds']} CPU-s, {rec['wall_seconds']} s wall, "
+    print(f"trained {variant_label(v, seed)}: {rec['cpu_seconds']} CPU-s, {rec['wall_seconds']} s wall, "
           f"pred {res.final_metrics.get('loss/pred'):.4f}", flush=True)
     return rec
 
@@ -156,33 +157,17 @@ def native_pairs(cfg, specs, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
     return pairs
 
 
-def closed_loop(ckpt, cfg, specs, policy: str, parallel: int = 8) -> dict:
-    """Per-episode outcomes of ``policy`` on ``specs`` (the harness's own closed loop)."""
-    model = None
-    if ckpt is not None:
-        ck = load_checkpoint(ckpt)
-        model = world_model_from_state(ck.architecture, ck.tensors).eval()
-    info = env_info(cfg.env.id)
-    envs = [make_env(cfg.env.id, cfg.model.img_size) for _ in range(min(parallel, len(specs)))]
+def closed_loop(ckpt, cfg, episodes: int, policy: str, parallel: int = 8) -> dict:
+    """Per-episode outcomes of ``policy`` ("mpc", "random" or "oracle") on the protocol's first
+    ``episodes`` tasks, through :func:`lensemble.eval.evaluate` (the framework's own closed loop;
+    random and oracle only read the checkpoint's action block)."""
     c0, w0 = cpu_seconds(), time.perf_counter()
-    try:
-        plan_fn = None
-        if policy == "mpc":
-            block = model.cfg.action_block
-            planner = Planner.from_config(
-                cfg.eval, action_dim=info.action_dim * block,
-                action_low=torch.tensor(info.action_low).repeat(block),
-                action_high=torch.tensor(info.action_high).repeat(block),
-                seed=derive(cfg.eval.seed, "eval", "planner"))
-            plan_fn = planner_plan_fn(model, planner, cfg.eval.receding_horizon)
-        res = run_closed_loop(model, envs, specs, cfg.eval, plan_fn=plan_fn, eval_seed=cfg.eval.seed)
-    finally:
-        for env in envs:
-            env.close()
-    eps = sorted(res.episodes, key=lambda e: e.index)
-    return {"success": [bool(e.success) for e in eps], "final_distance": [e.final_distance for e in eps],
-            "start_distance": [e.start_distance for e in eps], "plan_calls": sum(e.plan_calls for e in eps),
-            "time_per_action_ms": res.time_per_action_ms,
+    rep = evaluate(ckpt, cfg.env.id, cfg=cfg, episodes=episodes, policy=policy, ladder=False,
+                   progress=False, parallel=parallel)
+    eps = sorted(rep.episodes, key=lambda e: e.index)
+    return {"success": [bool(e.success) for e in eps], "route_valid": [e.route_valid for e in eps],
+            "final_distance": [e.final_distance for e in eps], "start_distance": [e.start_distance for e in eps],
+            "goal_spec_hash": rep.goal_spec_hash, "time_per_action_ms": rep.time_per_action_ms,
             "cpu_seconds": round(cpu_seconds() - c0, 1), "wall_seconds": round(time.perf_counter() - w0, 1)}
 
 
@@ -260,9 +245,8 @@ def rate(successes: list[bool]) -> dict:
 
 def mcnemar(a: list[bool], b: list[bool]) -> dict:
     """Exact McNemar: a two-sided binomial test on the discordant pairs (a only vs b only)."""
-    diff = np.asarray(a, float) - np.asarray(b, float)
-    return {"a_only": int((diff > 0).sum()), "b_only": int((diff < 0).sum()),
-            "p_two_sided": sign_test_pvalue(diff)}
+    r = mcnemar_exact(a, b)
+    return {"a_only": r.a_only, "b_only": r.b_only, "p_two_sided": r.p_value}
 
 
 # ------------------------------------------------------------------------------------ report
@@ -299,12 +283,26 @@ def write_report(out: Path, result: dict) -> None:
     (out / "pilot.md").write_text("\n".join(lines) + "\n")
 
 
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--seeds takes comma-separated integers, got {text!r}") from None
+    if not seeds or any(x < 0 for x in seeds):
+        raise SystemExit(f"--seeds needs at least one non-negative seed, got {text!r}")
+    return seeds
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/planning-pilot")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--episodes", type=int, default=100)
     ap.add_argument("--variants", default="a,d,b,c")
+    ap.add_argument("--seeds", default="0", help="root seeds of the training replicates, e.g. 0,1,2")
+    ap.add_argument("--protocol", default="strict", choices=("strict", "dataset_goal"),
+                    help="evaluation protocol (configs/eval/<protocol>.yaml); training is unaffected")
+    ap.add_argument("--oracle", action="store_true", help="also score the true-simulator oracle (TwoRoom)")
     ap.add_argument("--stage", choices=("all", "train", "eval"), default="all")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
@@ -314,18 +312,21 @@ def main() -> None:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
+    seeds = parse_seeds(args.seeds)
     torch.set_num_threads(1)
 
     if args.stage in ("all", "train"):
-        for v in variants:
-            train_variant(v, args.overrides, out, args.steps)
+        for seed in seeds:
+            for v in variants:
+                train_variant(v, seed, args.overrides, out, args.steps)
     if args.stage == "train":
         return
 
-    cfg = load_config([f"run_dir={out}", *args.overrides])  # the eval protocol and data (shared by all arms)
+    # The eval protocol, data and tasks are root seed 0's for every arm, so all arms share tasks.
+    protocol = [] if args.protocol == "strict" else [f"eval={args.protocol}"]
+    cfg = load_config([f"run_dir={out}", *args.overrides, *protocol])
     values, _ = eval_factor_values(cfg, cfg.env.id, "heldout")
     specs = episode_specs(cfg.eval.seed, args.episodes, values)
-    gsh = goal_spec_hash(cfg.env.id, cfg.eval.goal_offset, cfg.eval.budget, specs)
     cache = out / "cache"
     cache.mkdir(exist_ok=True)
 
@@ -337,48 +338,60 @@ def main() -> None:
         path.write_text(json.dumps(value, indent=1, default=str))
         return value
 
+    untrained_dir = out / "untrained"
+    if not (untrained_dir / "header.json").exists():  # the first pilot's: default architecture, seed 123
+        save_checkpoint(untrained_dir, build_world_model(load_config(VARIANTS["a"]).model, init_seed=123).state_dict(),
+                        kind="world_model", architecture=architecture(load_config(VARIANTS["a"]).model))
+
+    runs = {"random actions": (untrained_dir, "random"), "untrained model, CEM": (untrained_dir, "mpc")}
+    if args.oracle:
+        runs["oracle (true dynamics), CEM"] = (untrained_dir, "oracle")
+    trained: dict[str, dict] = {}
+    for seed in seeds:
+        for v in variants:
+            rec_path = out / arm_key(v, seed) / "train.json"
+            if rec_path.exists():
+                trained[arm_key(v, seed)] = json.loads(rec_path.read_text())
+                runs[variant_label(v, seed)] = (trained[arm_key(v, seed)]["checkpoint"], "mpc")
+
+    tag = f"{args.protocol}-{args.episodes}"
+    first = cached(f"loop-random-actions-{tag}", lambda: closed_loop(untrained_dir, cfg, args.episodes, "random"))
+    gsh = first["goal_spec_hash"]
+    if args.protocol == "strict":  # the goal-spec hash the first pilot's tasks were posed under
+        assert gsh == goal_spec_hash(cfg.env.id, cfg.eval.goal_offset, cfg.eval.budget, specs)
     geometry = cached(f"geometry-{gsh[:12]}", lambda: task_geometry(cfg, specs))
     cross = [g["cross_wall"] for g in geometry]
     pca = cached("pixel-pca-probe", lambda: pixel_pca_probe(cfg))
     pairs = native_pairs(cfg, specs, ROBUSTNESS_TASKS)
 
-    untrained_dir = out / "untrained"
-    if not (untrained_dir / "header.json").exists():
-        save_checkpoint(untrained_dir, build_world_model(cfg.model, init_seed=123).state_dict(),
-                        kind="world_model", architecture=architecture(cfg.model))
-
     arms: dict[str, dict] = {}
-    runs = {"random actions": (None, "random"), "untrained model, CEM": (untrained_dir, "mpc")}
-    trained = {}
-    for v in variants:
-        rec_path = out / v / "train.json"
-        if rec_path.exists():
-            trained[v] = json.loads(rec_path.read_text())
-            runs[variant_label(v)] = (trained[v]["checkpoint"], "mpc")
     for name, (ckpt, policy) in runs.items():
         key = name.split(")")[0].strip("(") if name.startswith("(") else name.replace(" ", "-").replace(",", "")
-        loop = cached(f"loop-{key}-{args.episodes}-{gsh[:12]}", lambda c=ckpt, p=policy: closed_loop(c, cfg, specs, p))
-        arm = {"rate": rate(loop["success"]), "success": loop["success"], "eval_cpu_seconds": loop["cpu_seconds"],
-               "eval_wall_seconds": loop["wall_seconds"], "time_per_action_ms": loop["time_per_action_ms"],
-               "plan_calls": loop["plan_calls"],
+        loop = cached(f"loop-{key}-{tag}", lambda c=ckpt, p=policy: closed_loop(c, cfg, args.episodes, p))
+        if loop["goal_spec_hash"] != gsh:
+            raise SystemExit(f"{name}: scored on goal-spec {loop['goal_spec_hash'][:12]}, the pilot's is {gsh[:12]}")
+        valid = [bool(s and r) for s, r in zip(loop["success"], loop["route_valid"], strict=True)]
+        arm = {"rate": rate(loop["success"]), "success": loop["success"], "route_valid_rate": rate(valid),
+               "eval_cpu_seconds": loop["cpu_seconds"], "eval_wall_seconds": loop["wall_seconds"],
+               "time_per_action_ms": loop["time_per_action_ms"],
                "mean_final_distance": float(np.mean(loop["final_distance"])),
                "cross_wall_rate": [int(sum(s for s, c in zip(loop["success"], cross, strict=True) if c)), int(sum(cross))]}
-        if ckpt is not None:
+        if policy == "mpc" and key in trained:
             arm["ladder"] = cached(f"ladder-{key}", lambda c=ckpt: ladder(c, cfg))
             arm["robustness"] = cached(f"robustness-{key}-{ROBUSTNESS_TASKS}-{gsh[:12]}",
                                        lambda c=ckpt: robustness(c, pairs, cfg.model.img_size))
-        if name.startswith("(") and key in trained:
             arm["train_cpu_seconds"] = trained[key]["cpu_seconds"]
             arm["train_wall_seconds"] = trained[key]["wall_seconds"]
             arm["checkpoint_hash"] = trained[key]["checkpoint_hash"]
             arm["final_train_metrics"] = trained[key]["final_metrics"]
         arms[name] = arm
-        print(f"{name:28s} {arm['rate']['successes']}/{arm['rate']['n']} "
+        print(f"{name:34s} {arm['rate']['successes']}/{arm['rate']['n']} "
               f"[{arm['rate']['wilson_95'][0]:.2f}, {arm['rate']['wilson_95'][1]:.2f}]  "
-              f"eval {loop['cpu_seconds']} CPU-s", flush=True)
+              f"route-valid {arm['route_valid_rate']['successes']}  eval {loop['cpu_seconds']} CPU-s", flush=True)
 
+    pooled = pool_seeds(arms, variants, seeds, trained)
     paired = []
-    names = [variant_label(v) for v in variants if v in trained]
+    names = [variant_label(v, seeds[0]) for v in variants if arm_key(v, seeds[0]) in trained]
     for a, b in itertools.combinations(names, 2):
         paired.append({"a": a, "b": b, **mcnemar(arms[a]["success"], arms[b]["success"])})
     if paired:
@@ -389,11 +402,28 @@ def main() -> None:
         for floor in ("random actions", "untrained model, CEM"):
             paired.append({"a": a, "b": floor, **mcnemar(arms[a]["success"], arms[floor]["success"])})
 
-    result = {"steps": args.steps, "episodes": args.episodes, "goal_spec_hash": gsh, "eval_seed": cfg.eval.seed,
-              "overrides": args.overrides, "cross_wall_tasks": int(sum(cross)), "pixel_pca_probe": pca,
-              "arms": arms, "paired": paired, "tasks": geometry}
+    result = {"steps": args.steps, "episodes": args.episodes, "protocol": args.protocol, "goal_spec_hash": gsh,
+              "eval_seed": cfg.eval.seed, "seeds": seeds, "overrides": args.overrides,
+              "cross_wall_tasks": int(sum(cross)), "pixel_pca_probe": pca,
+              "arms": arms, "pooled": pooled, "paired": paired, "tasks": geometry}
     write_report(out, result)
     print((out / "pilot.md").read_text())
+
+
+def pool_seeds(arms: dict, variants: list[str], seeds: list[int], trained: dict) -> list[dict]:
+    """Per variant over its trained seeds: successes pooled over seeds x tasks (a Wilson interval
+    that treats every (seed, task) as independent, so it is optimistic when seeds differ) and the
+    per-seed rates, whose spread shows the seed-to-seed variation."""
+    rows = []
+    for v in variants:
+        labels = [variant_label(v, s) for s in seeds if arm_key(v, s) in trained]
+        if not labels:
+            continue
+        per_seed = [arms[n]["rate"]["rate"] for n in labels]
+        flat = [x for n in labels for x in arms[n]["success"]]
+        rows.append({"variant": v, "seeds": [s for s in seeds if arm_key(v, s) in trained], "per_seed_rate": per_seed,
+                     "pooled": rate(flat), "per_seed_sd": float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else None})
+    return rows
 
 
 if __name__ == "__main__":

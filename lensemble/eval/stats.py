@@ -539,6 +539,42 @@ def compare_proportions(
     return ProportionComparison(pa, pb, d, ci, p_value, test)
 
 
+@dataclass(frozen=True)
+class McNemarResult:
+    """Exact McNemar test on paired binary outcomes (same tasks, two arms).
+
+    ``a_only`` / ``b_only``: tasks only arm A / only arm B solved (the discordant pairs); the
+    concordant ones carry no information about the difference. ``p_value``: exact binomial
+    test of ``a_only ~ Binomial(a_only + b_only, 1/2)``.
+    """
+
+    a_only: int
+    b_only: int
+    p_value: float
+    alternative: str
+
+
+def mcnemar_exact(a, b, *, alternative: Alternative = "two-sided") -> McNemarResult:
+    """Exact McNemar test that arms A and B succeed equally often on the same tasks.
+
+    Args:
+        a, b: 1-D boolean (or 0/1) arrays of the same length: entry i is task i's outcome under
+            each arm. ``alternative="greater"`` tests A better than B.
+
+    With no discordant pair there is no evidence either way and the p-value is 1.
+    """
+    x = as_1d(np.asarray(a, dtype=float), "a")
+    y = as_1d(np.asarray(b, dtype=float), "b")
+    if x.size != y.size:
+        raise EvaluationError(f"paired outcomes differ in length: {x.size} vs {y.size}")
+    if not (np.isin(x, (0.0, 1.0)).all() and np.isin(y, (0.0, 1.0)).all()):
+        raise EvaluationError("McNemar's test needs binary outcomes (0/1 or booleans)")
+    a_only, b_only = int(((x == 1) & (y == 0)).sum()), int(((x == 0) & (y == 1)).sum())
+    n = a_only + b_only
+    p = 1.0 if n == 0 else float(stats.binomtest(a_only, n, 0.5, alternative=alternative).pvalue)
+    return McNemarResult(a_only, b_only, p, alternative)
+
+
 # --------------------------------------------------------------------------------------------
 # Multiplicity
 
@@ -808,6 +844,8 @@ __all__ = [
     "compare_proportions",
     "hierarchical_bootstrap",
     "holm",
+    "McNemarResult",
+    "mcnemar_exact",
     "mde_paired",
     "mde_two_proportions",
     "paired_difference",

@@ -220,3 +220,22 @@ def test_hierarchical_bootstrap_and_stratified_permutation():
     assert p == pytest.approx(1 / 1000)
     p_null = stats.stratified_permutation_pvalue(per_seed, n_perm=4000, seed=0)
     assert 0.0 < p_null <= 1.0
+
+
+def test_mcnemar_exact_by_hand():
+    # 6 tasks only A solves, 1 only B, 3 both, 2 neither: p = P(|X - 3.5| >= 2.5), X ~ Bin(7, 1/2)
+    a = [1] * 6 + [0] + [1] * 3 + [0] * 2
+    b = [0] * 6 + [1] + [1] * 3 + [0] * 2
+    r = stats.mcnemar_exact(a, b)
+    assert (r.a_only, r.b_only) == (6, 1)
+    assert r.p_value == pytest.approx(2 * (1 + 7) / 2**7)
+    # one-sided: P(X >= 6) = 8 / 128; the concordant pairs change nothing
+    assert stats.mcnemar_exact(a + [1, 1, 0], b + [1, 1, 0], alternative="greater").p_value == pytest.approx(8 / 128)
+    assert stats.mcnemar_exact([True, False], [True, False]).p_value == 1.0  # no discordant pair
+
+
+def test_mcnemar_exact_rejects_bad_input():
+    with pytest.raises(EvaluationError):
+        stats.mcnemar_exact([1, 0, 1], [1, 0])
+    with pytest.raises(EvaluationError):
+        stats.mcnemar_exact([0.5, 1.0], [1.0, 0.0])
