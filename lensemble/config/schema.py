@@ -48,6 +48,7 @@ def _omit_defaults(dump: dict, added: dict) -> dict:
 #: Fields added to a section after hashes had been taken of its dump, with their defaults.
 _MODEL_ADDED_DEFAULTS = {"predictor_attention": "window", "input_norm": "pixel", "projector_norm": "layernorm"}
 _TRAIN_ADDED_DEFAULTS = {"bn_recalibration_batches": 40}
+_OBJECTIVE_ADDED_DEFAULTS = {"lambda_straight": 0.0}
 _EVAL_ADDED_DEFAULTS = {"goal_source": "expert"}
 _FEDERATION_ADDED_DEFAULTS = {"bn_recalibration": "probe"}
 
@@ -118,6 +119,16 @@ class ObjectiveConfig(_Section):
     sigreg_knots: int = Field(17, ge=3)
     sigreg_t_max: float = Field(3.0, gt=0, description="knots span [0, t_max]")
     stop_gradient: bool = Field(True, description="stop-gradient on the target latent")
+    lambda_straight: float = Field(
+        0.0, ge=0,
+        description="temporal straightening: weight of mean 1 - cos(z_{t+1} - z_t, z_{t+2} - z_{t+1}) over each "
+        "clip's latents (needs train.clip_len >= 3); rotation invariant, so the gauge machinery is unaffected "
+        "(docs/model.md)",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_added_defaults(self, handler):
+        return _omit_defaults(handler(self), _OBJECTIVE_ADDED_DEFAULTS)
 
 
 class TrainConfig(_Section):
@@ -299,6 +310,8 @@ class LensembleConfig(_Section):
             )
         if self.gauge.anchor_landmarks > self.data.probe_frames and self.gauge.anchor != "none":
             raise ValueError("gauge.anchor_landmarks cannot exceed data.probe_frames")
+        if self.objective.lambda_straight > 0 and self.train.clip_len < 3:
+            raise ValueError("objective.lambda_straight needs train.clip_len >= 3 (a curvature spans three latents)")
         if self.federation.min_participants > self.data.num_silos:
             raise ValueError("federation.min_participants exceeds data.num_silos")
         if self.eval.goal_source == "dataset" and self.eval.goal_offset > self.data.steps_per_episode:

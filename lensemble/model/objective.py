@@ -1,7 +1,7 @@
 """The JEPA training objective and the SIGReg sketch schedule.
 
     total = λ_pred · MSE(g(z_{<K-1}, a), sg(z_{1:}))  +  λ_sig · SIGReg_A(all latents of the batch)
-            + λ_anc · anchor(model)
+            + λ_anc · anchor(model)  +  λ_straight · mean_t (1 − cos(z_{t+1} − z_t, z_{t+2} − z_{t+1}))
 
 The anchor term is pluggable (the gauge package supplies it); the sketch A is passed per call so
 the caller decides its schedule: :func:`sketch_for_step` (fresh every step, single-site) or
@@ -35,15 +35,35 @@ class LossTerms:
     sigreg: torch.Tensor
     anchor: torch.Tensor
     latents: torch.Tensor | None = None
+    straight: torch.Tensor | None = None  # only when λ_straight > 0
 
     def as_floats(self) -> dict[str, float]:
-        """Python floats for logging: {"loss", "pred", "sigreg", "anchor"}."""
-        return {
+        """Python floats for logging: {"loss", "pred", "sigreg", "anchor"} (+ "straight")."""
+        out = {
             "loss": float(self.total.detach()),
             "pred": float(self.pred),
             "sigreg": float(self.sigreg),
             "anchor": float(self.anchor),
         }
+        if self.straight is not None:
+            out["straight"] = float(self.straight)
+        return out
+
+
+def temporal_straightening(z: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Mean curvature ``1 − cos(z_{t+1} − z_t, z_{t+2} − z_{t+1})`` of latent trajectories.
+
+    z: (B, K, d) with K >= 3. Returns a scalar in [0, 2]: 0 when every clip moves along a
+    straight line at any speed, 2 when every step reverses the previous one. Invariant to any
+    rotation (and scaling) of the latent space, so it is blind to the gauge. ``eps`` keeps a
+    zero step (a frame that did not move) from dividing by zero; such a pair then counts as
+    cosine 0.
+    """
+    if z.ndim != 3 or z.shape[1] < 3:
+        raise ValueError(f"temporal straightening needs latents (B, K >= 3, d), got {tuple(z.shape)}")
+    v = (z[:, 1:] - z[:, :-1]).float()
+    cos = F.cosine_similarity(v[:, 1:], v[:, :-1], dim=-1, eps=eps)
+    return (1.0 - cos).mean()
 
 
 def sketch_for_step(
@@ -114,13 +134,19 @@ class JEPAObjective:
             total = total + self.lambda_anc * anc
         else:
             anc = torch.zeros((), device=z.device)
+        straight = None
+        if cfg.lambda_straight > 0:
+            straight = temporal_straightening(z)
+            total = total + cfg.lambda_straight * straight
+            straight = straight.detach()
         return LossTerms(
             total=total,
             pred=pred_loss.detach(),
             sigreg=sig.detach(),
             anchor=anc.detach(),
             latents=z.detach(),
+            straight=straight,
         )
 
 
-__all__ = ["JEPAObjective", "LossTerms", "sketch_for_round", "sketch_for_step"]
+__all__ = ["JEPAObjective", "LossTerms", "sketch_for_round", "sketch_for_step", "temporal_straightening"]

@@ -117,3 +117,46 @@ def test_sketch_schedules():
     assert not torch.equal(s, sketch_for_step(7, 4, D, 32))
     assert not torch.equal(sketch_for_step(7, 3, D, 32, site="a"), sketch_for_step(7, 3, D, 32, site="b"))
     torch.testing.assert_close(r.norm(dim=0), torch.ones(32))
+
+
+def test_temporal_straightening_known_answers():
+    from lensemble.model.objective import temporal_straightening
+
+    line = torch.arange(4.0)[None, :, None] * torch.tensor([1.0, 2.0, -1.0])  # (1, 4, 3), constant step
+    assert float(temporal_straightening(line)) == pytest.approx(0.0, abs=1e-6)
+    speeds = torch.tensor([0.0, 1.0, 4.0, 5.0])[None, :, None] * torch.ones(3)  # same direction, any speed
+    assert float(temporal_straightening(speeds)) == pytest.approx(0.0, abs=1e-6)
+    back = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])[None]  # the second step reverses the first
+    assert float(temporal_straightening(back)) == pytest.approx(2.0)
+    turn = torch.tensor([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0]])[None]  # a right angle
+    assert float(temporal_straightening(turn)) == pytest.approx(1.0)
+    z = torch.randn(5, 4, 6, generator=torch.Generator().manual_seed(1))
+    q, _ = torch.linalg.qr(torch.randn(6, 6, generator=torch.Generator().manual_seed(2)))
+    torch.testing.assert_close(temporal_straightening(z @ q), temporal_straightening(z))  # blind to the gauge
+    with pytest.raises(ValueError):
+        temporal_straightening(z[:, :2])
+
+
+def test_straightening_term_is_weighted_logged_and_reaches_the_encoder():
+    model = build_world_model(tiny_cfg(), init_seed=0)
+    obs, act = clips()
+    sk = sketch_for_step(0, 0, D, 32)
+    plain = JEPAObjective(obj_cfg())(model, obs, act, sk)
+    terms = JEPAObjective(obj_cfg(lambda_straight=0.5))(model, obs, act, sk)
+    assert "straight" not in plain.as_floats() and "straight" in terms.as_floats()
+    torch.testing.assert_close(terms.total, plain.total + 0.5 * terms.straight)
+    model.zero_grad()
+    (terms.total - plain.total).backward()  # the straightening term alone
+    enc = [p.grad for p in model.encoder.parameters() if p.grad is not None]
+    assert enc and any(g.abs().sum() > 0 for g in enc)
+    assert all(p.grad is None or p.grad.abs().sum() == 0 for p in model.predictor.parameters())
+
+
+def test_straightening_needs_three_latents_per_clip():
+    from lensemble.config import load_config
+    from lensemble.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        load_config(["experiment=micro", "objective.lambda_straight=0.1", "train.clip_len=2"])
+    assert load_config(["experiment=micro", "objective.lambda_straight=0.1"]).objective.lambda_straight == 0.1
+    assert "lambda_straight" not in load_config(["experiment=micro"]).model_dump(mode="json")["objective"]
