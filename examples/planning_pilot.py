@@ -72,6 +72,9 @@ VARIANTS = {
     "d": ["model.input_norm=global", "model.projector_norm=batchnorm"],
     # d with the banded predictor (rotary positions, KV-cached rollouts): does it plan as well?
     "e": ["model.input_norm=global", "model.projector_norm=batchnorm", "model.predictor_attention=banded"],
+    # d with temporal straightening (shared/notes/planning-levers.md: Wall MPC 69 -> 96 %), at the top of
+    # the published 1e-3..1e-1 range because a 4-latent clip holds only two curvature terms
+    "f": ["model.input_norm=global", "model.projector_norm=batchnorm", "objective.lambda_straight=0.1"],
 }
 PCA_COMPONENTS = 64
 ROBUSTNESS_TASKS = 50
