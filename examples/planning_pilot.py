@@ -1,35 +1,46 @@
-"""Planning pilot for the encoder normalisation options (issue 14, items 2-3), on fixed tasks.
+"""Planning pilot for the world model's levers (issue 14, items 2-3 and 5), on fixed tasks.
 
-For each variant it trains one centralized (pooled) model with the CPU preset for ``--steps``
-optimizer steps, then scores every variant on the SAME ``--episodes`` held-out TwoRoom tasks (one
-eval seed, so one goal-spec hash), beside two floors on those tasks: random actions and an
-untrained model with the same planner (default architecture, init seed 123, input map left at its
-unfitted [0, 1] -> [-1, 1], as in examples/central_quality.py). Reported per arm: successes with a Wilson interval,
-success on tasks whose goal lies across the wall, the ladder's one-step / copy error, linear
-position-probe R² on latents against the same probe on a 64-component PCA of the raw pixels,
-effective dimension, latent std, and input robustness (how far the latents move under a change of
-resize kernel or a +4/255 brightness shift, relative to the start-goal latent distance). Paired
-comparisons on shared tasks: the exact McNemar test (a two-sided binomial test on the discordant
-pairs), Holm-adjusted over the variant-vs-variant pairs.
+For each variant and training seed it trains one centralized (pooled) model for ``--steps``
+optimizer steps, then scores every arm on the SAME ``--episodes`` held-out tasks (root seed 0's
+data and eval seed, so one goal-spec hash for every arm, whatever seed trained it), beside the
+floors on those tasks: random actions, an untrained model with the same planner (variant a's
+architecture, init seed 123) and, with ``--oracle`` on TwoRoom, the same planner on the true
+dynamics. Every arm is scored by :func:`lensemble.eval.evaluate`. Reported per arm: successes with
+a Wilson interval, route-valid successes (TwoRoom: every step entered the wall only through a
+door), success on tasks whose goal lies across the wall, the ladder's one-step / copy error,
+linear position-probe R² on latents against the same probe on a 64-component PCA of the raw
+pixels, effective dimension, latent std, and input robustness (how far the latents move under a
+change of resize kernel or a +4/255 brightness shift, relative to the start-goal latent
+distance). Per variant over seeds: the per-seed rates and the pooled count. Paired comparisons on
+shared tasks: the exact McNemar test, Holm-adjusted over the variant-vs-variant pairs.
 
-Variants (all start from the same initial weights and see the same training batches; only the
-normalisation differs):
+Variants (at one seed all start from the same initial weights and see the same batches):
 
-    a  default: model.input_norm=pixel,  model.projector_norm=layernorm
-    b           model.input_norm=global, model.projector_norm=layernorm
-    c           model.input_norm=pixel,  model.projector_norm=batchnorm (BN recalibrated on 40 batches)
-    d           model.input_norm=global, model.projector_norm=batchnorm (BN recalibrated on 40 batches)
+    a  model.input_norm=pixel,  model.projector_norm=layernorm   (the CPU preset before issue 14)
+    b  model.input_norm=global, model.projector_norm=layernorm
+    c  model.input_norm=pixel,  model.projector_norm=batchnorm
+    d  model.input_norm=global, model.projector_norm=batchnorm   (the CPU preset now)
+    e  d + model.predictor_attention=banded
+    f  d + objective.lambda_straight=0.1 (temporal straightening)
 
-The exact command (from the repository root; every stage is cached under --out, so re-running the
-same command resumes where it stopped; variants are trained and evaluated in the order given):
+Seed s > 0 trains with ``root_seed=s`` (its own data collection, initial weights and batches)
+under ``<out>/<variant>-s<s>``; seed 0 under ``<out>/<variant>``. The commands behind
+docs/results/planning-pilot (from the repository root; every stage is cached under --out, so
+re-running the same command resumes where it stopped):
 
     nice -n 19 .venv/bin/python examples/planning_pilot.py --out runs/planning-pilot \\
-        --steps 2000 --episodes 100 --variants a,d,b,c
+        --steps 2000 --episodes 100 --variants a,d,b,c                  # the normalisation pilot
+    nice -n 19 .venv/bin/python examples/planning_pilot.py --out runs/planning-pilot \\
+        --steps 2000 --episodes 100 --variants d --seeds 0,1,2 --oracle # the preset over seeds
+    nice -n 19 .venv/bin/python examples/planning_pilot.py --out runs/planning-pilot-pusht \\
+        --steps 2000 --episodes 50 --variants a,d env=pusht               # PushT
 
-``--stage train`` only trains (to run two trainings side by side in two processes), ``--stage
-eval`` only evaluates what has been trained; the default ``all`` does both and writes
-``<out>/pilot.json`` and ``<out>/pilot.md``. Extra arguments are config overrides for every arm.
-CPU seconds (this process, one torch thread) are recorded per training run and per evaluation.
+``--protocol dataset_goal`` scores the same checkpoints under the published protocol
+(configs/eval/dataset_goal.yaml). ``--stage train`` only trains (to run two trainings side by side
+in two processes), ``--stage eval`` only evaluates what has been trained; the default ``all`` does
+both and writes ``<out>/pilot.json`` and ``<out>/pilot.md``. Extra arguments are config overrides
+for every arm (training and evaluation). CPU seconds (this process, one torch thread) are recorded
+per training run and per evaluation.
 """
 
 from __future__ import annotations
@@ -43,6 +54,13 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from lensemble.artifacts.checkpoint import load_checkpoint, save_checkpoint
+from lensemble.config import load_config
+from lensemble.config.seeds import derive
+from lensemble.data.store import ensure_data
+from lensemble.envs.adapter import make_env, resize_frame
+from lensemble.envs.factors import TWOROOM
 from lensemble.eval.closed_loop import (
     episode_specs,
     eval_factor_values,
@@ -51,14 +69,7 @@ from lensemble.eval.closed_loop import (
     load_split,
     pose_goal,
 )
-
-from lensemble.artifacts.checkpoint import load_checkpoint, save_checkpoint
-from lensemble.config import load_config
-from lensemble.config.seeds import derive
-from lensemble.data.store import ensure_data
-from lensemble.envs.adapter import env_info, make_env, resize_frame
 from lensemble.eval.ladder import PROBE_DIMS, LadderSettings, linear_probe_r2, run_ladder
-from lensemble.eval.mpc import Planner
 from lensemble.eval.stats import holm, mcnemar_exact, wilson_interval
 from lensemble.model.encoder import embed_frames
 from lensemble.model.world_model import architecture, build_world_model, world_model_from_state
@@ -259,23 +270,33 @@ def fmt(x, f: str = ".3f") -> str:
 
 def write_report(out: Path, result: dict) -> None:
     (out / "pilot.json").write_text(json.dumps(result, indent=1, default=str))
-    lines = [f"# Planning pilot: encoder normalisation ({result['steps']} steps, "
+    lines = [f"# Planning pilot ({result['protocol']} protocol, {result['steps']} training steps, "
              f"{result['episodes']} tasks, goal-spec {result['goal_spec_hash'][:12]})", "",
              f"Tasks whose goal lies across the wall: {result['cross_wall_tasks']} of {result['episodes']}. "
              f"Linear position probe on a {PCA_COMPONENTS}-component PCA of raw pixels: "
              f"R² {result['pixel_pca_probe']['probe_r2']:.3f}.", "",
-             "| arm | success | Wilson 95 % | cross-wall | probe R² | eff. dim | latent std | one-step / copy "
-             "| resize shift | brightness shift | train CPU-s | eval CPU-s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| arm | success | Wilson 95 % | route-valid | cross-wall | probe R² | eff. dim | latent std "
+             "| one-step / copy | resize shift | brightness shift | ms / action | train CPU-s | eval CPU-s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, arm in result["arms"].items():
         r, lad, rob = arm["rate"], arm.get("ladder") or {}, arm.get("robustness") or {}
-        cw = arm.get("cross_wall_rate")
+        cw, rv = arm.get("cross_wall_rate"), arm["route_valid_rate"]
         lines.append(
             f"| {name} | {r['successes']}/{r['n']} = {r['rate']:.0%} | [{r['wilson_95'][0]:.0%}, {r['wilson_95'][1]:.0%}] "
-            f"| {'–' if cw is None else f'{cw[0]}/{cw[1]}'} | {fmt(lad.get('probe_r2'))} | {fmt(lad.get('effective_dim'), '.1f')} "
-            f"| {fmt(lad.get('latent_std'))} | {fmt(lad.get('one_step_error'))} / {fmt(lad.get('copy_last_error'))} "
+            f"| {rv['successes']} | {'–' if not cw or not cw[1] else f'{cw[0]}/{cw[1]}'} | {fmt(lad.get('probe_r2'))} "
+            f"| {fmt(lad.get('effective_dim'), '.1f')} | {fmt(lad.get('latent_std'))} "
+            f"| {fmt(lad.get('one_step_error'))} / {fmt(lad.get('copy_last_error'))} "
             f"| {fmt(rob.get('resize_ratio_median'), '.2f')} | {fmt(rob.get('brightness_ratio_median'), '.2f')} "
-            f"| {arm.get('train_cpu_seconds', '–')} | {arm.get('eval_cpu_seconds', '–')} |")
+            f"| {fmt(arm.get('time_per_action_ms'), '.1f')} | {arm.get('train_cpu_seconds', '–')} | {arm.get('eval_cpu_seconds', '–')} |")
+    if result.get("pooled"):
+        lines += ["", "Per variant over training seeds (each seed on the same tasks; the pooled interval treats "
+                  "every seed x task as independent, so it is optimistic when seeds differ):", "",
+                  "| variant | seeds | per-seed success | pooled | Wilson 95 % |", "|---|---|---|---|---|"]
+        for row in result["pooled"]:
+            pr = row["pooled"]
+            lines.append(f"| {row['variant']} | {', '.join(map(str, row['seeds']))} | "
+                         f"{', '.join(f'{x:.0%}' for x in row['per_seed_rate'])} | {pr['successes']}/{pr['n']} = "
+                         f"{pr['rate']:.0%} | [{pr['wilson_95'][0]:.0%}, {pr['wilson_95'][1]:.0%}] |")
     lines += ["", "Shifts: median over tasks of ||Δz|| / ||z_start − z_goal||. Paired comparisons on the shared "
               "tasks (exact McNemar, two-sided; Holm over the variant pairs):", "",
               "| A vs B | A only | B only | p | p (Holm) |", "|---|---|---|---|---|"]
@@ -342,12 +363,13 @@ def main() -> None:
         return value
 
     untrained_dir = out / "untrained"
-    if not (untrained_dir / "header.json").exists():  # the first pilot's: default architecture, seed 123
-        save_checkpoint(untrained_dir, build_world_model(load_config(VARIANTS["a"]).model, init_seed=123).state_dict(),
-                        kind="world_model", architecture=architecture(load_config(VARIANTS["a"]).model))
+    if not (untrained_dir / "header.json").exists():  # the first pilot's: variant a's architecture, seed 123
+        untrained_cfg = load_config([*args.overrides, *VARIANTS["a"]]).model  # the env's action dimension
+        save_checkpoint(untrained_dir, build_world_model(untrained_cfg, init_seed=123).state_dict(),
+                        kind="world_model", architecture=architecture(untrained_cfg))
 
     runs = {"random actions": (untrained_dir, "random"), "untrained model, CEM": (untrained_dir, "mpc")}
-    if args.oracle:
+    if args.oracle and cfg.env.id == TWOROOM:  # the only env whose true dynamics the oracle can batch
         runs["oracle (true dynamics), CEM"] = (untrained_dir, "oracle")
     trained: dict[str, dict] = {}
     for seed in seeds:
@@ -362,10 +384,12 @@ def main() -> None:
     gsh = first["goal_spec_hash"]
     if args.protocol == "strict":  # the goal-spec hash the first pilot's tasks were posed under
         assert gsh == goal_spec_hash(cfg.env.id, cfg.eval.goal_offset, cfg.eval.budget, specs)
-    geometry = cached(f"geometry-{gsh[:12]}", lambda: task_geometry(cfg, specs))
+    tworoom = cfg.env.id == TWOROOM  # PushT has no wall (no cross-wall split, no route validity)
+    geometry = cached(f"geometry-{gsh[:12]}", lambda: task_geometry(cfg, specs)) if tworoom else \
+        [{"index": s.index, "cross_wall": False} for s in specs]
     cross = [g["cross_wall"] for g in geometry]
     pca = cached("pixel-pca-probe", lambda: pixel_pca_probe(cfg))
-    pairs = native_pairs(cfg, specs, ROBUSTNESS_TASKS)
+    pairs = native_pairs(cfg, specs, ROBUSTNESS_TASKS) if tworoom else None
 
     arms: dict[str, dict] = {}
     for name, (ckpt, policy) in runs.items():
@@ -373,7 +397,7 @@ def main() -> None:
         loop = cached(f"loop-{key}-{tag}", lambda c=ckpt, p=policy: closed_loop(c, cfg, args.episodes, p))
         if loop["goal_spec_hash"] != gsh:
             raise SystemExit(f"{name}: scored on goal-spec {loop['goal_spec_hash'][:12]}, the pilot's is {gsh[:12]}")
-        valid = [bool(s and r) for s, r in zip(loop["success"], loop["route_valid"], strict=True)]
+        valid = [bool(s and (r is None or r)) for s, r in zip(loop["success"], loop["route_valid"], strict=True)]
         arm = {"rate": rate(loop["success"]), "success": loop["success"], "route_valid_rate": rate(valid),
                "eval_cpu_seconds": loop["cpu_seconds"], "eval_wall_seconds": loop["wall_seconds"],
                "time_per_action_ms": loop["time_per_action_ms"],
@@ -381,8 +405,9 @@ def main() -> None:
                "cross_wall_rate": [int(sum(s for s, c in zip(loop["success"], cross, strict=True) if c)), int(sum(cross))]}
         if policy == "mpc" and key in trained:
             arm["ladder"] = cached(f"ladder-{key}", lambda c=ckpt: ladder(c, cfg))
-            arm["robustness"] = cached(f"robustness-{key}-{ROBUSTNESS_TASKS}-{gsh[:12]}",
-                                       lambda c=ckpt: robustness(c, pairs, cfg.model.img_size))
+            if pairs is not None:
+                arm["robustness"] = cached(f"robustness-{key}-{ROBUSTNESS_TASKS}-{gsh[:12]}",
+                                           lambda c=ckpt: robustness(c, pairs, cfg.model.img_size))
             arm["train_cpu_seconds"] = trained[key]["cpu_seconds"]
             arm["train_wall_seconds"] = trained[key]["wall_seconds"]
             arm["checkpoint_hash"] = trained[key]["checkpoint_hash"]
@@ -401,7 +426,7 @@ def main() -> None:
         adj = holm([p["p_two_sided"] for p in paired])
         for row, p in zip(paired, adj.adjusted, strict=True):
             row["p_holm"] = float(p)
-    for a in names:
+    for a in [n for n in arms if n.startswith("(")]:  # every trained arm against the floors
         for floor in ("random actions", "untrained model, CEM"):
             paired.append({"a": a, "b": floor, **mcnemar(arms[a]["success"], arms[floor]["success"])})
 
