@@ -181,7 +181,7 @@ def evaluate_cmd(checkpoint: str = typer.Argument(..., help="checkpoint folder")
                  env: str = typer.Option("swm/TwoRoom-v1", help="environment id"),
                  episodes: int = typer.Option(None, help="episodes (default: eval.episodes)"),
                  split: str = typer.Option("heldout", help="heldout | factor (transfer values)"),
-                 policy: str = typer.Option("mpc", help="mpc | random (control)"),
+                 policy: str = typer.Option("mpc", help="mpc | random (control) | oracle (TwoRoom's true dynamics)"),
                  ladder: bool = typer.Option(True, help="also run the evaluation ladder"),
                  allow_other_env: bool = typer.Option(False, help="evaluate on an environment other than "
                                                       "the one the checkpoint was trained on"),
@@ -282,6 +282,7 @@ def cli_evaluate(
 
     from lensemble.config import load_config
     from lensemble.eval.closed_loop import evaluate
+    from lensemble.eval.reports import cross_wall_summary
     from lensemble.report.eval_report import eval_report_paths, write_eval_report
 
     cfg = load_config(list(overrides or []))
@@ -293,6 +294,12 @@ def cli_evaluate(
     lo, hi = report.success_ci
     table.add_row("success", f"{report.n_successes}/{report.n_episodes} = {report.success_rate:.1%} "
                              f"[{lo:.1%}, {hi:.1%}]")
+    table.add_row("goal source", report.goal_source)
+    cross = cross_wall_summary(report)
+    if cross is not None:
+        rate = "-" if cross["success_rate"] is None else f"{cross['successes']}/{cross['tasks']} = {cross['success_rate']:.1%}"
+        table.add_row("cross-wall tasks", f"{cross['tasks']}/{report.n_episodes} = {cross['share']:.1%}")
+        table.add_row("success on cross-wall tasks", rate)
     table.add_row("time per action", f"{report.time_per_action_ms:.1f} ms")
     table.add_row("planning samples / plan", str(report.planning_samples))
     for name in ("transfer_success_rate", "one_step_error", "copy_last_error", "rollout_composite",

@@ -58,15 +58,25 @@ def silo_folder(out_dir: str | Path, silo: int) -> Path:
 
 
 # ---------------------------------------------------------------------------------------- episodes
+def behaviour_policy(env, rng: np.random.Generator, random_share: float) -> MixedPolicy:
+    """The policy that collects the data (the behaviour policy): the env's scripted expert with a
+    per-episode noise std drawn from ``EXPERT_NOISE``, mixed with held random actions so that
+    ``random_share`` of the steps are random in expectation. Every draw comes from ``rng``, the
+    noise std first. The evaluation's dataset-goal protocol builds its held-out episodes with it."""
+    noise = float(rng.uniform(*EXPERT_NOISE))
+    return MixedPolicy(make_expert(env, rng, noise), HeldRandomPolicy(rng), random_share, rng)
+
+
 def collect_episode(env, seed: int, factors: dict, steps: int, random_share: float) -> dict:
     """Run one episode of ``steps`` actions on an :class:`~lensemble.envs.EnvAdapter`.
 
-    Returns ``obs`` uint8 (T+1, H, W, 3), ``actions`` float32 (T, A), ``state`` float32 (T+1, S)
-    and ``factors`` (the applied factor values, JSON-ready).
+    ``seed`` seeds both the env reset and :func:`behaviour_policy`. The policy is causal, so the
+    first k steps of an episode do not depend on ``steps``. Returns ``obs`` uint8 (T+1, H, W, 3),
+    ``actions`` float32 (T, A), ``state`` float32 (T+1, S) and ``factors`` (the applied factor
+    values, JSON-ready).
     """
     rng = np.random.default_rng(int(seed))
-    noise = float(rng.uniform(*EXPERT_NOISE))
-    policy = MixedPolicy(make_expert(env, rng, noise), HeldRandomPolicy(rng), random_share, rng)
+    policy = behaviour_policy(env, rng, random_share)
     h = env.img_size
     obs = np.empty((steps + 1, h, h, 3), np.uint8)
     actions = np.empty((steps, env.info.action_dim), np.float32)

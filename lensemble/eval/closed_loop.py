@@ -2,10 +2,13 @@
 
 The protocol (DESIGN.md §7; defaults in ``configs/eval/``) for episode i of N:
 
-1. Reset the env with seed ``derive(eval.seed, "eval", i)`` and the episode's factor values.
-2. Pose the goal: run the noise-free goal expert (:func:`lensemble.eval.controls.goal_expert`) for
-   ``goal_offset`` env steps; the state it reaches is the goal. Make it the env's goal (so the
-   env's own success test and its goal image refer to it), then put the agent back at the start.
+1. The task: seed ``derive(eval.seed, "eval", i)`` and the episode's factor values.
+2. Pose it (:mod:`lensemble.eval.goals`, ``eval.goal_source``). Strict (``"expert"``, default):
+   reset with the seed, run the noise-free goal expert for ``goal_offset`` env steps; the state it
+   reaches is the goal. Dataset-goal (``"dataset"``): start and goal are the states ``goal_offset``
+   steps apart in a fresh held-out episode of the collection's behaviour policy. Either way the
+   goal becomes the env's goal (so the env's own success test and its goal image refer to it) and
+   the agent stands at the start; TwoRoom tasks record whether the goal lies across the wall.
 3. Control for at most ``budget`` env steps. MPC: encode the current frame (with the last W latents
    and the action blocks between them when the predictor attends to a history) and the goal image,
    plan ``horizon`` latent steps with :class:`~lensemble.eval.mpc.Planner`, execute the first
@@ -15,8 +18,9 @@ The protocol (DESIGN.md §7; defaults in ``configs/eval/``) for episode i of N:
 4. The episode succeeds when the environment itself reports success (its ``terminated`` flag after
    a step). Nothing the model computes ever decides success.
 5. Every episode is recorded (seed, success, steps, start and final distance to the goal) and, for
-   TwoRoom, whether its route was valid: every step's path entered the wall only through a door
-   (:mod:`lensemble.eval.routes`; the env itself checks the door only at a step's end point).
+   TwoRoom, whether its goal lay across the wall and whether its route was valid: every step's
+   path entered the wall only through a door (:mod:`lensemble.eval.routes`; the env itself checks
+   the door only at a step's end point).
    ``success_rate`` stays the env's flag; ``route_valid_success_rate`` counts successes with a
    valid route. ``policy="oracle"`` plans with the same planner on TwoRoom's true dynamics
    (positions instead of latents, L1 distance to the goal position): the planner/protocol ceiling.
@@ -36,7 +40,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -45,7 +49,6 @@ import torch
 from pydantic import ValidationError
 
 from lensemble.artifacts.checkpoint import load_checkpoint
-from lensemble.config.hashing import json_digest
 from lensemble.config.schema import EvalConfig, LensembleConfig
 from lensemble.config.seeds import derive, numpy_rng
 from lensemble.data.collect import load_silo
@@ -55,7 +58,16 @@ from lensemble.data.store import ensure_data
 from lensemble.envs.adapter import env_info, make_env
 from lensemble.envs.factors import TWOROOM, factor_spec, supported_envs
 from lensemble.errors import ConfigError, EvaluationError
-from lensemble.eval.controls import RandomActionPolicy, goal_expert
+from lensemble.eval.controls import RandomActionPolicy
+from lensemble.eval.goals import (  # noqa: F401  (EpisodeSpec, pose_goal: re-exported, callers import them from here)
+    GOAL_PROTOCOL,
+    EpisodeSpec,
+    GoalProtocol,
+    episode_specs,
+    goal_spec_hash,
+    pose_goal,
+    pose_task,
+)
 from lensemble.eval.ladder import LadderSettings, run_ladder
 from lensemble.eval.mpc import Planner, WorldModelOnDevice, module_device
 from lensemble.eval.reports import EpisodeRecord, EvalReport
@@ -65,8 +77,6 @@ from lensemble.observability.progress import progress_bar
 
 SPLITS = ("heldout", "factor")
 POLICIES = ("mpc", "random", "oracle")
-#: Version tag of the goal-posing protocol, part of the goal-spec hash.
-GOAL_PROTOCOL = "lensemble.goal.v1:expert-offset"
 
 #: ``plan_fn(z_hist (B, T0, d), past_actions (B, T0-1, A·b) | None, z_goal (B, d), init | None)
 #: -> (actions (B, H, A·b), next_init | None)``. ``init`` is what the previous call returned as
@@ -76,15 +86,6 @@ PlanFn = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, "torch.Ten
 
 
 # ================================================================================== results
-@dataclass(frozen=True)
-class EpisodeSpec:
-    """One evaluation task: the env seed and factor values of episode ``index``."""
-
-    index: int
-    seed: int
-    factors: dict
-
-
 @dataclass
 class EpisodeOutcome:
     """What happened in one episode (distances in env state units, e.g. 224-px pixels for TwoRoom)."""
@@ -96,6 +97,7 @@ class EpisodeOutcome:
     final_distance: float      # ... when the episode ended
     plan_calls: int
     route_valid: bool | None = None   # every step entered the wall only through a door (None: no wall)
+    cross_wall: bool | None = None    # the goal lay in the other room (None: no wall)
 
 
 @dataclass
@@ -129,12 +131,27 @@ class ClosedLoopResult:
             return None
         return sum(e.success and bool(e.route_valid) for e in self.episodes)
 
+    @property
+    def n_cross_wall(self) -> int | None:
+        """Tasks whose goal lay across the wall; None when some episode has no wall."""
+        if any(e.cross_wall is None for e in self.episodes):
+            return None
+        return sum(bool(e.cross_wall) for e in self.episodes)
+
+    @property
+    def n_cross_wall_successes(self) -> int | None:
+        """Successes on those tasks; None when some episode has no wall."""
+        if self.n_cross_wall is None:
+            return None
+        return sum(e.success and bool(e.cross_wall) for e in self.episodes)
+
     def records(self, specs: Sequence[EpisodeSpec]) -> list[EpisodeRecord]:
         """The per-episode records of an :class:`EvalReport` (episode seeds from ``specs``)."""
         seeds = {s.index: s.seed for s in specs}
         return [EpisodeRecord(index=e.index, seed=seeds[e.index], success=e.success, steps=e.steps,
                               start_distance=e.start_distance, final_distance=e.final_distance,
-                              route_valid=e.route_valid) for e in sorted(self.episodes, key=lambda e: e.index)]
+                              route_valid=e.route_valid, cross_wall=e.cross_wall)
+                for e in sorted(self.episodes, key=lambda e: e.index)]
 
 
 # ================================================================================== validation
@@ -215,34 +232,7 @@ def eval_factor_values(cfg: LensembleConfig, env_id: str, split: str) -> tuple[l
     return [plan.factors(i) for i in seen], ()
 
 
-def episode_specs(eval_seed: int, n: int, factor_values: Sequence[dict]) -> list[EpisodeSpec]:
-    """Episode i: seed ``derive(eval_seed, "eval", i)``, factors ``factor_values[i mod len]``."""
-    values = list(factor_values) or [{}]
-    return [EpisodeSpec(i, derive(eval_seed, "eval", i), dict(values[i % len(values)])) for i in range(n)]
-
-
-def goal_spec_hash(env_id: str, goal_offset: int, budget: int, specs: Sequence[EpisodeSpec]) -> str:
-    """SHA-256 of the goal-spec parameters: protocol tag, env, offset, budget, seeds, factors."""
-    blob = {"protocol": GOAL_PROTOCOL, "env": env_id, "goal_offset": int(goal_offset), "budget": int(budget),
-            "seeds": [s.seed for s in specs], "factors": [s.factors for s in specs]}
-    return json_digest(blob)
-
-
 # ================================================================================== episodes
-def pose_goal(env, spec: EpisodeSpec, goal_offset: int, eval_seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Reset ``env`` for ``spec``, make the state ``goal_offset`` expert steps ahead its goal,
-    return to the start. Returns (start frame, goal image), each (H, W, 3) uint8."""
-    env.reset(spec.seed, spec.factors)
-    start = env.state()
-    expert = goal_expert(env, numpy_rng(eval_seed, "eval", spec.index, "goal"))
-    expert.reset(env)
-    for _ in range(goal_offset):
-        env.step(expert(env))
-    env.set_goal_state(env.state())
-    env.set_state(start)
-    return env.render(), env.goal_image()
-
-
 def _to_chw(frames: Sequence[np.ndarray]) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(np.stack(frames))).permute(0, 3, 1, 2)
 
@@ -296,30 +286,35 @@ def run_closed_loop(
     eval_seed: int = 0,
     advance: Callable[[int], None] | None = None,
     oracle: Planner | None = None,
+    goals: GoalProtocol | None = None,
 ) -> ClosedLoopResult:
     """Run ``specs`` in chunks of ``len(envs)`` episodes side by side.
 
     ``plan_fn=None`` runs the random-action control instead of MPC (``model`` may then be None);
     ``oracle`` (a :class:`Planner` over ``action_block``-step blocks) plans on TwoRoom's true
-    dynamics instead. Goals are posed with :func:`pose_goal`; only the control loops are timed.
+    dynamics instead. Goals are posed with :func:`~lensemble.eval.goals.pose_task` under
+    ``goals`` (default: the strict protocol of ``eval_cfg``; the dataset-goal protocol needs
+    ``GoalProtocol.from_config(cfg)``); only the control loops are timed.
     """
+    protocol = goals if goals is not None else GoalProtocol.from_eval(eval_cfg)
+    if protocol.goal_offset != eval_cfg.goal_offset:
+        raise ConfigError(f"goal protocol offset {protocol.goal_offset} != eval.goal_offset {eval_cfg.goal_offset}",
+                          remediation="build the protocol from the same config: GoalProtocol.from_config(cfg)")
     out = ClosedLoopResult()
     for lo in range(0, len(specs), len(envs)):
         chunk = list(specs[lo : lo + len(envs)])
         pool = list(envs[: len(chunk)])
-        starts, goals = [], []
-        for env, spec in zip(pool, chunk, strict=True):
-            f0, g = pose_goal(env, spec, eval_cfg.goal_offset, eval_seed)
-            starts.append(f0)
-            goals.append(g)
+        tasks = [pose_task(env, spec, protocol, eval_seed) for env, spec in zip(pool, chunk, strict=True)]
+        starts, goals_img = [t.start for t in tasks], [t.goal for t in tasks]
         if oracle is not None:
             res = _oracle_chunk(pool, chunk, eval_cfg, oracle, model.cfg.action_block if model is not None else 1)
         elif plan_fn is None:
             policies = [RandomActionPolicy(numpy_rng(eval_seed, "eval", s.index, "random")) for s in chunk]
             res = _random_chunk(pool, chunk, policies, eval_cfg.budget)
         else:
-            res = _mpc_chunk(model, pool, chunk, starts, goals, eval_cfg, plan_fn)
-        out.episodes.extend(res.episodes)
+            res = _mpc_chunk(model, pool, chunk, starts, goals_img, eval_cfg, plan_fn)
+        cross = {spec.index: task.cross_wall for spec, task in zip(chunk, tasks, strict=True)}
+        out.episodes.extend(replace(e, cross_wall=cross[e.index]) for e in res.episodes)
         out.seconds += res.seconds
         out.plan_seconds += res.plan_seconds
         if advance is not None:
@@ -539,6 +534,8 @@ def evaluate(
     if isinstance(parallel, bool) or int(parallel) != parallel or parallel < 1:
         raise ConfigError(f"parallel must be a positive integer, got {parallel!r}")
     n = int(episodes if episodes is not None else eval_cfg.episodes)
+    goals = GoalProtocol(eval_cfg.goal_source, eval_cfg.goal_offset, cfg.data.steps_per_episode,
+                         cfg.data.random_action_share)  # checked here, before the checkpoint is read
 
     ckpt = load_checkpoint(checkpoint)  # verifies the content hash before anything is returned
     own_env = checkpoint_env(ckpt)
@@ -572,7 +569,7 @@ def evaluate(
         on_device.__enter__()
         with progress_bar(f"evaluate {policy} {split}", n, enabled=progress) as advance:
             loop = run_closed_loop(model, envs, specs, eval_cfg, plan_fn=plan_fn, eval_seed=eval_cfg.seed,
-                                   advance=advance, oracle=oracle)
+                                   advance=advance, oracle=oracle, goals=goals)
 
         transfer_rate = None
         if split == "factor":
@@ -586,7 +583,8 @@ def evaluate(
                 if oracle is not None:
                     oracle.reset()
                 t_loop = run_closed_loop(model, envs, t_specs, eval_cfg, plan_fn=plan_fn,
-                                         eval_seed=derive(eval_cfg.seed, "transfer"), advance=advance, oracle=oracle)
+                                         eval_seed=derive(eval_cfg.seed, "transfer"), advance=advance, oracle=oracle,
+                                         goals=goals)
             transfer_rate = t_loop.success_rate
 
         on_device.__exit__(None, None, None)  # [device] the ladder runs on the CPU
@@ -611,7 +609,10 @@ def evaluate(
         time_per_action_ms=loop.time_per_action_ms,
         env_id=env_id,
         held_out_factors=held_out,
-        goal_spec_hash=goal_spec_hash(env_id, eval_cfg.goal_offset, eval_cfg.budget, specs),
+        goal_spec_hash=goal_spec_hash(env_id, eval_cfg.goal_offset, eval_cfg.budget, specs, eval_cfg.goal_source),
+        goal_source=eval_cfg.goal_source,
+        n_cross_wall_tasks=loop.n_cross_wall,
+        n_cross_wall_successes=loop.n_cross_wall_successes,
         seed=eval_cfg.seed,
         config_hash=cfg.config_hash(),
         checkpoint_hash=ckpt.content_hash,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -66,7 +66,11 @@ class EpisodeRecord(BaseModel):
 
     Distances are in the env's state units (TwoRoom: 224 px frame pixels); ``steps`` counts env
     actions executed; ``route_valid`` is None where the env has no wall (PushT), else whether every
-    step's path crossed the wall only through a door (:mod:`lensemble.eval.routes`).
+    step's path crossed the wall only through a door (:mod:`lensemble.eval.routes`);
+    ``cross_wall`` is None there too, else whether the task's goal lay in the other room
+    (:func:`lensemble.eval.routes.crosses_wall`; None also in records written before it was kept).
+    ``seed`` names the task; under the dataset-goal protocol the env itself was reset with
+    ``derive(seed, "dataset-goal")`` (:mod:`lensemble.eval.goals`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -78,6 +82,7 @@ class EpisodeRecord(BaseModel):
     start_distance: float = Field(ge=0)
     final_distance: float = Field(ge=0)
     route_valid: bool | None = None
+    cross_wall: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -109,6 +114,8 @@ class EvalReport(BaseModel):
     env_id: str
     held_out_factors: tuple[str, ...] = ()
     goal_spec_hash: str
+    goal_source: Literal["expert", "dataset"] = "expert"
+    """The goal protocol (``eval.goal_source``): strict ``expert`` goals or ``dataset`` goals."""
     seed: int
     config_hash: str
     checkpoint_hash: str
@@ -129,6 +136,10 @@ class EvalReport(BaseModel):
     """Share of episodes that succeeded (the env's own flag) *and* took a valid route; None where
     the env has no wall or the episodes are not recorded. ``success_rate`` stays the env's flag."""
     n_route_valid_successes: int | None = Field(None, ge=0)
+    n_cross_wall_tasks: int | None = Field(None, ge=0)
+    """Tasks whose goal lay across the wall (TwoRoom); None where the env has no wall or the report
+    predates the count. :func:`cross_wall_summary` gives the share and the success on them."""
+    n_cross_wall_successes: int | None = Field(None, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -190,6 +201,7 @@ class EvalReport(BaseModel):
                 raise EvaluationError("route-valid successes exceed successes")
             if abs(self.route_valid_success_rate - self.n_route_valid_successes / self.n_episodes) > _TOL:
                 raise EvaluationError("route_valid_success_rate != n_route_valid_successes / n_episodes")
+        self._check_cross_wall()
         if self.rollout_error is not None:
             for horizon, err in self.rollout_error.items():
                 if horizon < 1 or err < 0:
@@ -197,6 +209,20 @@ class EvalReport(BaseModel):
                         f"rollout_error needs horizons >= 1 and errors >= 0, got {horizon}: {err}"
                     )
         return self
+
+    def _check_cross_wall(self) -> None:
+        tasks, wins = self.n_cross_wall_tasks, self.n_cross_wall_successes
+        if (tasks is None) != (wins is None):
+            raise EvaluationError("n_cross_wall_tasks and n_cross_wall_successes come together")
+        if tasks is None:
+            return
+        if tasks > self.n_episodes or wins > tasks or wins > self.n_successes:
+            raise EvaluationError(f"cross-wall counts {wins}/{tasks} do not fit {self.n_successes}/{self.n_episodes}")
+        if self.episodes is not None and all(e.cross_wall is not None for e in self.episodes):
+            want = (sum(bool(e.cross_wall) for e in self.episodes),
+                    sum(e.success and bool(e.cross_wall) for e in self.episodes))
+            if (tasks, wins) != want:
+                raise EvaluationError(f"cross-wall counts {wins}/{tasks} != {want[1]}/{want[0]} from the episode records")
 
     # ----------------------------------------------------------------------------------------
 
@@ -230,7 +256,30 @@ class EvalReport(BaseModel):
         }
         if self.route_valid_success_rate is not None:
             out["eval/route_valid_success_rate"] = self.route_valid_success_rate
+        summary = cross_wall_summary(self)
+        if summary is not None:
+            out["eval/cross_wall_share"] = summary["share"]
+            if summary["success_rate"] is not None:
+                out["eval/cross_wall_success_rate"] = summary["success_rate"]
         return out
+
+
+def cross_wall_summary(report: EvalReport) -> dict | None:
+    """The report's tasks split by whether the goal lay across the wall; None where not recorded.
+
+    ``share``: cross-wall tasks / episodes; ``tasks``, ``successes``, ``success_rate`` (None with no
+    such task) and ``success_ci`` (95 % Wilson) on them; ``same_room`` the same three for the rest.
+    """
+    tasks, wins = report.n_cross_wall_tasks, report.n_cross_wall_successes
+    if tasks is None:
+        return None
+
+    def part(k: int, n: int) -> dict:
+        return {"tasks": n, "successes": k, "success_rate": k / n if n else None,
+                "success_ci": wilson_interval(k, n).as_tuple() if n else None}
+
+    return {"share": tasks / report.n_episodes, **part(wins, tasks),
+            "same_room": part(report.n_successes - wins, report.n_episodes - tasks)}
 
 
 def pair_episodes(a: EvalReport, b: EvalReport) -> list[tuple[EpisodeRecord, EpisodeRecord]]:
@@ -251,4 +300,4 @@ def pair_episodes(a: EvalReport, b: EvalReport) -> list[tuple[EpisodeRecord, Epi
     return [(ka[k], kb[k]) for k in sorted(ka)]
 
 
-__all__ = ["EpisodeRecord", "EvalReport", "pair_episodes"]
+__all__ = ["EpisodeRecord", "EvalReport", "cross_wall_summary", "pair_episodes"]

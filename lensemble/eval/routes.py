@@ -70,6 +70,16 @@ def tworoom_geometry(env) -> WallGeometry | None:
     return WallGeometry(int(u.wall_axis), float(u.WALL_CENTER), float(int(u.wall_thickness) // 2), doors)
 
 
+def crosses_wall(start, goal, geom: WallGeometry) -> bool:
+    """Whether ``goal`` lies in the other room from ``start`` (agent centres, (x, y), env px):
+    strictly on opposite sides of the wall's centre line. This is stable-worldmodel's own
+    ``check_other_room`` rule (legacy TwoRoom env): the coordinate across the wall (x for the
+    vertical wall, axis 1; y for the horizontal one) against the wall position (112 px)."""
+    i = 0 if geom.axis == 1 else 1
+    a, b, c = float(np.asarray(start).reshape(-1)[i]), float(np.asarray(goal).reshape(-1)[i]), geom.center
+    return bool((a < c < b) or (b < c < a))
+
+
 def step_is_legal(p0, p1, geom: WallGeometry) -> bool:
     """Whether the straight path p0 -> p1 (agent centres, (x, y)) enters the wall stripe only
     inside a door opening (module docstring)."""

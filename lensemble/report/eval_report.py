@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lensemble.eval.reports import EvalReport
+from lensemble.eval.reports import EvalReport, cross_wall_summary
 from lensemble.report.answer import rate_text
 from lensemble.report.figures import COLOURS, pyplot, save_figure, success_panel
 from lensemble.report.run_report import fmt, success_table
@@ -67,7 +67,16 @@ def render_eval_markdown(report: EvalReport, checkpoint: str | Path, *, split: s
     lines = [f"# Evaluation of {label} on {report.env_id} ({split})", "",
              f"Success {rate_text(report.n_successes, report.n_episodes)} (95 % Wilson), on tasks with goal-spec "
              f"hash `{report.goal_spec_hash[:16]}…`: another model evaluated on the same hash ran the same "
-             "episodes. Success is the environment's own test.", ""]
+             "episodes. Success is the environment's own test.", "",
+             "Goal protocol: " + ("dataset-goal (start and goal from a held-out behaviour-policy episode)"
+                                  if report.goal_source == "dataset" else "strict (goal expert)")
+             + " (docs/evaluation.md).", ""]
+    cross = cross_wall_summary(report)
+    if cross is not None:
+        on = ("none of them" if cross["success_rate"] is None
+              else f"success on them {rate_text(cross['successes'], cross['tasks'])}")
+        lines += [f"Tasks whose goal lies across the wall: {cross['tasks']}/{report.n_episodes} "
+                  f"({100 * cross['share']:.0f} %); {on}.", ""]
     lines += success_table({"model": report}, {"model": label}) + ["", f"![Success]({figure})", ""]
     ladder = [(name, getattr(report, name)) for name in
               ("one_step_error", "copy_last_error", "rollout_composite", "intervention_error", "probe_r2",
@@ -84,6 +93,7 @@ def render_eval_markdown(report: EvalReport, checkpoint: str | Path, *, split: s
     lines += ["## Provenance", "", "| what | value |", "|---|---|",
               f"| checkpoint | `{checkpoint}` |", f"| checkpoint hash | `{report.checkpoint_hash}` |",
               f"| config hash | `{report.config_hash}` |", f"| planner | {report.planner} |",
+              f"| goal source | {report.goal_source} |",
               f"| planning samples per plan | {report.planning_samples} |", f"| eval seed | {report.seed} |",
               f"| EvalReport | `{json_name}` |", ""]
     return "\n".join(lines)

@@ -352,6 +352,14 @@ def pct1(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
+def goal_text(goal_source: str, goal_offset: int) -> str:
+    """How the tasks' goals were posed, in words (docs/evaluation.md)."""
+    if goal_source == "dataset":
+        return (f"{goal_offset} steps later in a held-out episode of the behaviour policy "
+                "(dataset-goal protocol)")
+    return f"{goal_offset} expert steps ahead (strict protocol)"
+
+
 def success_table(reports: Mapping[str, EvalReport], labels: Mapping[str, str]) -> list[str]:
     """Markdown rows: one per model, successes, rate with its 95 % Wilson interval."""
     lines = ["| model | successes | success rate [95 % Wilson] | ms per action | planner | checkpoint | "
@@ -405,7 +413,7 @@ def render_run_markdown(cfg: LensembleConfig, summary: dict, drift: dict[int, di
         ev = cfg.eval
         lines += [f"Closed-loop latent MPC on {evaluation.episodes} held-out {cfg.env.id} episodes "
                   f"({ev.planner.upper()} {ev.num_samples} × {ev.iterations}, horizon {ev.horizon}, goal "
-                  f"{ev.goal_offset} expert steps ahead, budget {ev.budget} env steps, eval seed {ev.seed}). "
+                  f"{goal_text(ev.goal_source, ev.goal_offset)}, budget {ev.budget} env steps, eval seed {ev.seed}). "
                   f"Every model ran the same tasks: goal-spec hash `{evaluation.goal_spec_hash[:16]}…`. "
                   "Success is the environment's own test.", ""]
         lines += success_table(evaluation.reports, ARM_LABEL) + [""]

@@ -302,7 +302,9 @@ def build_registry(spec, plan) -> dict:
             "evaluation": {"split": spec.evaluation.split, "episodes": e.episodes, "planner": e.planner,
                            "num_samples": e.num_samples, "iterations": e.iterations, "horizon": e.horizon,
                            "budget": e.budget, "goal_offset": e.goal_offset, "ladder": spec.evaluation.ladder,
-                           "episodes_seed": "eval.seed = the run's seed"},
+                           "episodes_seed": "eval.seed = the run's seed",
+                           # named only off the strict default: registries hashed before it stay valid
+                           **({"goal_source": e.goal_source} if e.goal_source != "expert" else {})},
             "sweeps": sweeps,
         },
         "analysis": {

@@ -5,9 +5,11 @@ import json
 import pytest
 
 from lensemble.cli import cli_evaluate
+from lensemble.config import load_config
 from lensemble.errors import CheckpointIntegrityError, ConfigError, EvaluationError
 from lensemble.eval import closed_loop
-from lensemble.eval.closed_loop import evaluate
+from lensemble.eval.closed_loop import eval_factor_values, evaluate
+from lensemble.eval.goals import episode_specs, goal_spec_hash
 from lensemble.eval.ladder import LadderSettings
 from lensemble.eval.reports import EvalReport
 
@@ -107,6 +109,32 @@ def test_random_policy_via_cli(setup, tmp_path):
     assert report.planner == "random" and report.planning_samples == 1
     assert EvalReport.from_json(out.read_text()) == report
     assert json.loads(out.read_text())["n_episodes"] == 2
+
+
+def test_dataset_goal_protocol_end_to_end(setup, tmp_path):
+    """eval=dataset_goal through the CLI: the same tasks under another goal protocol, recorded as
+    such, with another goal-spec hash; MPC runs on it unchanged; cross-wall counts add up."""
+    cfg, root, _, overrides = setup
+    strict = evaluate(root / "ckpt", ENV, cfg=cfg, episodes=3, progress=False, policy="random", ladder=False)
+    dataset = cli_evaluate(str(root / "ckpt"), ENV, 3, "heldout", "random", str(tmp_path / "dataset.json"),
+                           overrides + ["eval=dataset_goal"], ladder=False)
+    assert strict.goal_source == "expert" and dataset.goal_source == "dataset"
+    assert dataset.goal_spec_hash != strict.goal_spec_hash
+    assert [e.seed for e in dataset.episodes] == [e.seed for e in strict.episodes]   # the same tasks
+    assert [e.start_distance for e in dataset.episodes] != [e.start_distance for e in strict.episodes]
+    for r in (strict, dataset):
+        _check_success_is_the_envs(r, cfg)
+        assert r.n_cross_wall_tasks == sum(e.cross_wall for e in r.episodes)
+        assert r.n_cross_wall_successes == sum(e.success and e.cross_wall for e in r.episodes)
+    md = (tmp_path / "dataset.md").read_text()
+    assert "dataset-goal" in md and "across the wall" in md
+    dataset_cfg = load_config(overrides + ["eval.goal_source=dataset"])
+    mpc = evaluate(root / "ckpt", ENV, cfg=dataset_cfg, episodes=2, progress=False, ladder=False)
+    assert mpc.goal_source == "dataset" and mpc.planner == "cem" and mpc.config_hash != cfg.config_hash()
+    _check_success_is_the_envs(mpc, dataset_cfg)
+    assert mpc.goal_spec_hash == goal_spec_hash(ENV, cfg.eval.goal_offset, cfg.eval.budget,
+                                                episode_specs(cfg.eval.seed, 2, eval_factor_values(
+                                                    cfg, ENV, "heldout")[0]), "dataset")
 
 
 def test_tampered_checkpoint_is_refused(setup, tmp_path):
