@@ -78,11 +78,11 @@ from lensemble.observability.progress import progress_bar
 SPLITS = ("heldout", "factor")
 POLICIES = ("mpc", "random", "oracle")
 
-#: ``plan_fn(z_hist (B, T0, d), past_actions (B, T0-1, A·b) | None, z_goal (B, d), init | None)
-#: -> (actions (B, H, A·b), next_init | None)``. ``init`` is what the previous call returned as
-#: ``next_init`` for these rows (warm start), already shifted past the executed steps.
-PlanFn = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, "torch.Tensor | None"],
-                  tuple[torch.Tensor, "torch.Tensor | None"]]
+#: ``plan_fn(z_hist (B, T0, d), past_actions (B, T0-1, A·b) | None, z_goal (B, d), init | None,
+#: *, streams=[episode index per row]) -> (actions (B, H, A·b), next_init | None)``. ``init`` is
+#: what the previous call returned as ``next_init`` for these rows (warm start), already shifted
+#: past the executed steps; ``streams`` names each row's planner noise stream (Planner.plan).
+PlanFn = Callable[..., tuple[torch.Tensor, "torch.Tensor | None"]]
 
 
 # ================================================================================== results
@@ -255,7 +255,7 @@ def planner_plan_fn(model, planner: Planner, receding_horizon: int, execute: str
     pred = model.predictor
     s = planner.num_samples
 
-    def plan(z_hist, past, z_goal, init):
+    def plan(z_hist, past, z_goal, init, streams=None):
         dev = module_device(pred)  # [device] plan where the predictor is (a no-op on the CPU)
         z_hist, z_goal = z_hist.to(dev), z_goal.to(dev)
         past = past.to(dev) if past is not None else None
@@ -270,7 +270,7 @@ def planner_plan_fn(model, planner: Planner, receding_horizon: int, execute: str
                 raise EvaluationError(f"planner rows {z_rep.shape[0]} != {state.batch} histories x {s} samples")
             return pred.rollout_from(state, actions)
 
-        result = planner.plan(rollout_fn, z_hist, z_goal, init_mean=init)
+        result = planner.plan(rollout_fn, z_hist, z_goal, init_mean=init, streams=streams)
         return (result.actions if execute == "best" else result.mean), planner.next_init(result, receding_horizon)
 
     return plan
@@ -368,7 +368,9 @@ def _mpc_chunk(model, envs, specs, starts, goals, eval_cfg: EvalConfig, plan_fn:
         hist = z_hist[idx]
         prev = past[idx] if hist.shape[1] > 1 else None
         tp = time.perf_counter()
-        actions, nxt = plan_fn(hist, prev, z_goal[idx], init[idx] if init is not None else None)
+        # One noise stream per episode: its plan does not depend on which episodes share the batch.
+        actions, nxt = plan_fn(hist, prev, z_goal[idx], init[idx] if init is not None else None,
+                               streams=[specs[r].index for r in rows])
         plan_seconds += time.perf_counter() - tp
         calls[rows] += 1
         if nxt is not None:
@@ -437,7 +439,8 @@ def _oracle_chunk(envs, specs, eval_cfg: EvalConfig, planner: Planner, block: in
         tp = time.perf_counter()
         # sim is bound now: plan() calls the rollout before the loop moves on
         result = planner.plan(lambda z_rep, acts, sim=sim: sim.rollout(z_rep, acts, block), pos, goal[idx],
-                              init_mean=init[idx] if init is not None else None)
+                              init_mean=init[idx] if init is not None else None,
+                              streams=[specs[r].index for r in rows])
         plan_seconds += time.perf_counter() - tp
         calls[rows] += 1
         nxt = planner.next_init(result, eval_cfg.receding_horizon)

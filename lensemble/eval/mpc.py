@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable, Literal, Sequence
 
 import torch
 
+from lensemble.config.seeds import derive
 from lensemble.errors import ConfigError, EvaluationError
 
 Family = Literal["cem", "icem", "mppi"]
@@ -276,18 +277,29 @@ class Planner:
         fill = self.midpoint.to(result.mean.device, result.mean.dtype)
         return shift_plan(result.mean, n_executed, fill=fill)
 
-    def _gen(self, device: torch.device) -> torch.Generator:
-        if self._generator is not None:
+    def _gen(self, device: torch.device, stream: int | None = None) -> torch.Generator:
+        """The batch generator (``stream=None``), or episode ``stream``'s own generator, seeded with
+        ``derive(seed, "planner-stream", stream)`` and advanced only by that episode's plan calls."""
+        if self._generator is not None and stream is None:
             return self._generator
-        key = str(device)
+        key = f"{device}" if stream is None else f"{device}/{int(stream)}"
         if key not in self._generators:
-            self._generators[key] = torch.Generator(device=device).manual_seed(self.seed)
+            seed = self.seed if stream is None else derive(self.seed, "planner-stream", int(stream))
+            self._generators[key] = torch.Generator(device=device).manual_seed(seed)
         return self._generators[key]
 
-    def _noise(self, b: int, device: torch.device) -> torch.Tensor:
-        """(B, S, H, A) standard-normal noise: white, or colored along H for iCEM."""
+    def _noise(self, b: int, device: torch.device, streams: Sequence[int] | None = None) -> torch.Tensor:
+        """(B, S, H, A) standard-normal noise: white, or colored along H for iCEM. With ``streams``
+        (one key per row) row k is drawn from stream ``streams[k]`` alone, so it does not depend on
+        which other rows share the batch."""
+        if streams is not None:
+            if len(streams) != b:
+                raise EvaluationError(f"{len(streams)} planner streams for {b} environments")
+            return torch.cat([self._draw(1, device, self._gen(device, k)) for k in streams])
+        return self._draw(b, device, self._gen(device))
+
+    def _draw(self, b: int, device: torch.device, g: torch.Generator) -> torch.Tensor:
         s, h, a = self.num_samples, self.horizon, self.action_dim
-        g = self._gen(device)
         if self.family != "icem" or self.icem_colored_noise_beta == 0.0 or h == 1:
             return torch.randn(b, s, h, a, generator=g, device=g.device).to(device)
         n_freq = h // 2 + 1
@@ -304,6 +316,8 @@ class Planner:
         z0: torch.Tensor,
         z_goal: torch.Tensor,
         init_mean: torch.Tensor | None = None,
+        *,
+        streams: Sequence[int] | None = None,
     ) -> PlanResult:
         """Plan H actions for each of B environments.
 
@@ -316,6 +330,10 @@ class Planner:
             z_goal: (B, d) goal latent per environment.
             init_mean: optional (B, H', A) initial mean with H' <= H (e.g. from
                 :meth:`next_init`); missing steps are filled with the bounds' midpoint.
+            streams: optional B integer keys (the closed loop passes episode indices): row b's
+                sampling noise then comes from stream ``streams[b]`` alone, so an episode's plan
+                does not depend on how many episodes share the batch or which. Without it the
+                whole batch draws from one stream (the result then depends on B).
 
         Returns:
             :class:`PlanResult`; ``actions`` are within [action_low, action_high].
@@ -326,7 +344,7 @@ class Planner:
         # inference_mode (not just no_grad) skips autograd's version bookkeeping: ~20 % faster
         # on small CPU models. Results are cloned outside it so callers get ordinary tensors.
         with torch.inference_mode():
-            res = self._plan(rollout_fn, z0, z_goal, init_mean)
+            res = self._plan(rollout_fn, z0, z_goal, init_mean, streams)
         return PlanResult(
             actions=res.actions.clone(),
             cost=res.cost.clone(),
@@ -337,7 +355,7 @@ class Planner:
             evaluations=res.evaluations,
         )
 
-    def _plan(self, rollout_fn, z0, z_goal, init_mean) -> PlanResult:
+    def _plan(self, rollout_fn, z0, z_goal, init_mean, streams=None) -> PlanResult:
         if z0.ndim < 2:
             raise EvaluationError(f"z0 must be (B, d) or (B, W, d), got shape {tuple(z0.shape)}")
         b = z0.shape[0]
@@ -368,7 +386,7 @@ class Planner:
         n_keep = self.icem_keep_elites if self.family == "icem" else 0
 
         for _ in range(self.iterations):
-            cand = mean.unsqueeze(1) + std.unsqueeze(1) * self._noise(b, device)
+            cand = mean.unsqueeze(1) + std.unsqueeze(1) * self._noise(b, device, streams)
             cand[:, 0] = mean  # always re-evaluate the current mean
             if n_keep and elites is not None:
                 cand[:, s - n_keep :] = elites[:, :n_keep]  # elites come sorted, best first
