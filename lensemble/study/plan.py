@@ -27,6 +27,7 @@ from hydra.errors import HydraException
 from lensemble.config.hashing import json_digest
 from lensemble.config.loader import load_config
 from lensemble.config.rungs import RUNG_FLAGS, RUNGS
+from lensemble.config.schema import schema_defaults
 from lensemble.errors import ConfigError
 from lensemble.study.spec import EvaluationSpec, StudySpec, SweepSpec
 
@@ -153,7 +154,17 @@ def overrides_from_config(cfg) -> list[str]:
             elif path not in _ARM_FIELDS and path not in _PER_RUN_FIELDS:
                 out.append(f"{path}={_hydra_value(v)}")
 
-    walk("", cfg.model_dump(mode="json"))
+    # The dump leaves out fields at their added-later defaults (to keep old hashes); laid over the
+    # schema defaults it gives every field's value, so those are pinned too (a micro model's
+    # model.input_norm=pixel must not turn into the root preset's global).
+    walk("", _full_values(schema_defaults(), cfg.model_dump(mode="json")))
+    return out
+
+
+def _full_values(defaults: dict, dump: dict) -> dict:
+    out = dict(defaults)
+    for k, v in dump.items():
+        out[k] = _full_values(defaults[k], v) if isinstance(v, dict) and isinstance(defaults.get(k), dict) else v
     return out
 
 
