@@ -35,6 +35,7 @@ determined one (docs/federation.md, "Secure aggregation").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -329,6 +330,20 @@ class _StageLink:
         return got
 
 
+@contextlib.contextmanager
+def _quiet_flower():
+    """Flower's workflow logs its legacy-strategy bookkeeping at INFO ("strategy sampled 2 clients
+    (out of 0)"), which reads wrong here; the round line says what happened. Warnings and errors
+    still show."""
+    logger = logging.getLogger("flwr")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _narrow(state: WorkflowState) -> None:
     """Keep only the nodes that completed the last stage in the sample and in every neighbourhood
     (see the module docstring: a node that never shared keys is in no mask)."""
@@ -388,7 +403,8 @@ class SecureGridAsk:
                 state.nid_to_fitins = {nid: _instruction(global_rec, round_config, extras_rec)
                                        for nid in state.active_node_ids}
             try:
-                ok = step(link, context, state)
+                with _quiet_flower():
+                    ok = step(link, context, state)
             except LensembleError:
                 raise
             except Exception as exc:  # Flower's own checks (bad shares, a malformed reply): fail this round
