@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import flower_processes as sl
@@ -52,18 +53,22 @@ def known_participant(cfg, node: NodeSpec, global_arrays, round_config, extras=N
     t = int(round_config["round"])
     if node.partition_id in json.loads(round_config.get("drop", "[]")):
         raise RuntimeError("this site drops out after sharing its keys")
+    if node.partition_id in json.loads(round_config.get("hang", "[]")):
+        time.sleep(6.0)  # past the deadline: its masked vector never arrives
     return Reply(t, {"fp32": known_delta(node.partition_id, t)}, np.full((4, 2), 1.0, np.float32),
                  {"loss/pred": 0.5})
 
 
-def _ask(num_nodes: int, overrides: list[str], *, drop=(), observe=None, t: int = 0):
+def _ask(num_nodes: int, overrides: list[str], *, drop=(), hang=(), observe=None, t: int = 0,
+         deadline_s: float = 30.0):
     cfg = load_config(["experiment=micro", f"data.num_silos={num_nodes}", *SECURE, *overrides])
     app = make_client_app(known_participant, run_config={"node-state-dir": tempfile.mkdtemp(prefix="secagg-nodes-")},
                           federated=lambda _cfg: frozenset({"w"}))
-    round_config = {"round": t, "config-json": cfg.model_dump_json(), "drop": json.dumps(list(drop))}
+    round_config = {"round": t, "config-json": cfg.model_dump_json(), "drop": json.dumps(list(drop)),
+                    "hang": json.dumps(list(hang))}
     with LocalGrid(app, num_nodes) as grid:
         answers = SecureGridAsk(grid, cfg, observe=observe)(t, round_config, {"w": np.zeros(N, np.float32)}, {},
-                                                            30.0)
+                                                            deadline_s)
     return cfg, answers
 
 
@@ -147,6 +152,17 @@ def test_a_dropout_after_sharing_keys(threshold, completes):
     assert "dropped out at stage 'collect masked vectors'" in why and "ParticipantFailed" in why
 
 
+def test_a_site_that_hangs_after_sharing_keys_costs_one_deadline():
+    start = time.monotonic()
+    cfg, answers = _ask(3, [], hang=[1], deadline_s=2.0)
+    assert answers.secure_sum.contributors == ("silo-0", "silo-2")
+    assert np.abs(answers.secure_sum.total - _plain_sum([0, 2])).max() <= \
+        SecAggSettings.from_config(cfg.federation).sum_error_bound(2)
+    (why,) = answers.failures.values()
+    assert "did not reply within 2 s" in why
+    assert time.monotonic() - start < 30
+
+
 def test_two_sites_one_dropout_is_below_any_threshold():
     with pytest.raises(SecureAggregationAborted, match="threshold is 2"):
         _ask(2, [], drop=[1])
@@ -196,6 +212,18 @@ def test_a_secure_micro_run_tracks_the_plaintext_run(shared, tmp_path):
     bound = outer_error_bound(q + float(np.spacing(np.float32(1e-2))), 1, lr=f.outer_lr,
                               momentum=f.outer_momentum, nesterov=f.nesterov) + float(np.spacing(np.float32(peak)))
     assert 0 < gap <= bound
+
+
+def test_secure_aggregation_under_dp_keeps_the_noise_and_the_withholding_participant_side(shared, tmp_path):
+    base, _ = shared
+    cfg = load_config(base + ["privacy=dp", "federation.secure_aggregation=true"])
+    summary = run_on_local_grid(cfg, tmp_path / "run", progress=False)
+    assert summary["rounds_completed"] == 2
+    for r in summary["rounds"]:
+        assert r["fed/secagg_participants"] == 2 and r["dp/epsilon"] > 0
+        assert "gauge/drift_angle_deg" not in r  # no participant embeddings under DP
+    # a noised update (σ·C = 1 per coordinate) is far larger than a plain one: the sum carries the noise
+    assert summary["rounds"][0]["fed/secagg_sum_max_abs"] > 1.0
 
 
 def test_the_coordinator_refuses_individual_updates_and_a_broken_sum(shared, tmp_path):
