@@ -163,6 +163,24 @@ def test_a_site_that_hangs_after_sharing_keys_costs_one_deadline():
     assert time.monotonic() - start < 30
 
 
+def test_a_hung_site_is_not_asked_again_while_it_is_busy():
+    """Round 0: site 1 hangs past the 2 s deadline. Round 1, at once: it is still busy, so it is not
+    asked (no stage waits on it) and the round goes ahead with the others."""
+    cfg = load_config(["experiment=micro", "data.num_silos=3", *SECURE])
+    app = make_client_app(known_participant, run_config={"node-state-dir": tempfile.mkdtemp(prefix="secagg-")},
+                          federated=lambda _cfg: frozenset({"w"}))
+    with LocalGrid(app, 3) as grid:
+        ask = SecureGridAsk(grid, cfg)
+        rc = {"config-json": cfg.model_dump_json(), "hang": json.dumps([1])}
+        first = ask(0, {**rc, "round": 0}, {"w": np.zeros(N, np.float32)}, {}, 2.0)
+        start = time.monotonic()
+        second = ask(1, {**rc, "round": 1, "hang": "[]"}, {"w": np.zeros(N, np.float32)}, {}, 2.0)
+        took = time.monotonic() - start
+    assert first.secure_sum.contributors == second.secure_sum.contributors == ("silo-0", "silo-2")
+    assert second.asked == 2 and took < 2.0
+    assert any("still busy with round 0" in why for why in second.failures.values()), second.failures
+
+
 def test_two_sites_one_dropout_is_below_any_threshold():
     with pytest.raises(SecureAggregationAborted, match="threshold is 2"):
         _ask(2, [], drop=[1])

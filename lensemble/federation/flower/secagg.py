@@ -86,6 +86,8 @@ from lensemble.federation.flower.records import (
 from lensemble.federation.flower.transport import (
     PULL_S,
     TTL_MARGIN_S,
+    GridAsk,
+    Outstanding,
     error_reason_label,
     raise_if_fail_closed,
     wait_for_nodes,
@@ -275,8 +277,10 @@ class _StageLink:
     asked, who answered, what failed and how many payload bytes moved."""
 
     def __init__(self, grid: Grid, *, ttl_s: float, cancel: threading.Event | None,
-                 labels: dict[int, str], observe: Callable[[str, Message], None] | None = None):
+                 labels: dict[int, str], observe: Callable[[str, Message], None] | None = None,
+                 unanswered: Callable[[str, int, float], None] | None = None):
         self.grid = grid
+        self.unanswered = unanswered
         self.ttl_s = ttl_s
         self.cancel = cancel
         self.labels = labels
@@ -322,8 +326,10 @@ class _StageLink:
             if pending:
                 left = self.poll_s if timeout is None else max(0.0, timeout - (time.monotonic() - start))
                 time.sleep(min(self.poll_s, left))
-        for nid in pending.values():
+        for mid, nid in pending.items():
             failed[nid] = f"did not reply within {timeout:g} s"
+            if self.unanswered is not None:
+                self.unanswered(mid, nid, start)
         self.asked[self.stage] = nodes
         self.answered[self.stage] = got
         self.failed[self.stage] = failed
@@ -368,6 +374,10 @@ class SecureGridAsk:
         self.observe = observe
         self.settings = SecAggSettings.from_config(cfg.federation)
         self.labels: dict[int, str] = {}  # node id -> participant id, learnt from replies
+        # A node that left a stage message unanswered stays busy (and is not asked) until a reply
+        # of its own arrives, it leaves the grid, or a deadline after the link expired it: the
+        # plain ask's bookkeeping (GridAsk._reap), so a hung site costs one deadline, not one a round.
+        self._busy = GridAsk(grid, cfg, cancel=cancel)
 
     def _workflow(self, deadline_s: float) -> SecAggPlusWorkflow:
         s = self.settings
@@ -379,10 +389,15 @@ class SecureGridAsk:
                  deadline_s: float) -> Answers:
         fed = self.cfg.federation
         want = max(fed.min_participants, self.settings.threshold, 2)
+        self._busy.cooldown_s = deadline_s
         node_ids = wait_for_nodes(self.grid, want=want, hope=self.cfg.data.num_silos, deadline_s=deadline_s,
-                                  cancel=self.cancel)
+                                  busy=self._busy._reap, cancel=self.cancel)
+
+        def unanswered(mid: str, nid: int, sent: float) -> None:
+            self._busy.outstanding[nid] = Outstanding(mid, t, sent)
+
         link = _StageLink(self.grid, ttl_s=deadline_s + TTL_MARGIN_S, cancel=self.cancel, labels=self.labels,
-                          observe=self.observe)
+                          observe=self.observe, unanswered=unanswered)
         workflow = self._workflow(deadline_s)
         capture = _Capture(self.grid, node_ids)
         context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}),
@@ -427,6 +442,11 @@ class SecureGridAsk:
                                            f"({self._describe(link)})",
                                            accepted=len(capture.contributors), min_participants=2)
         replies, failures = self._replies(t, link, node_ids, capture.contributors)
+        for nid, o in sorted(self._busy.outstanding.items()):
+            if o.round_index != t:
+                failures[self.labels.get(nid, f"node-{nid}")] = (
+                    f"is still busy with round {o.round_index} (no reply for {time.monotonic() - o.sent:.0f} s); "
+                    "not asked")
         # The workflow divides by the total weight C (every weight is 1): S = C · Δ̄.
         total = np.asarray(capture.aggregate[0], dtype=np.float64).reshape(-1) * len(capture.contributors)
         secure = SecureSum(total=total, contributors=tuple(sorted(replies)), stages=tuple(counts))
