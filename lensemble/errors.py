@@ -91,6 +91,27 @@ class FaultToleranceExceeded(RoundError):
     )
 
 
+class SecureAggregationAborted(FaultToleranceExceeded):
+    """A SecAgg+ round lost so many participants that the sum can no longer be unmasked."""
+
+    code = "secagg_aborted"
+    default_remediation = (
+        "Fewer than federation.secagg_threshold participants finished the SecAgg+ stages: bring "
+        "nodes back, raise federation.round_timeout_s, or lower federation.secagg_threshold (>= 2)."
+    )
+
+
+class SecureSumRejected(LensembleError):
+    """The unmasked sum broke its bound (non-finite, wrong size, or norm above C x bound)."""
+
+    code = "secagg_sum_rejected"
+    fail_closed = True
+    default_remediation = (
+        "Nothing was committed for this round. A participant sent a malformed masked vector or the "
+        "unmasking failed: read the sites' logs, then resume the run to retry the round."
+    )
+
+
 class FolderInUse(LensembleError):
     """Another process holds the exclusive lock on a run or participant-state folder."""
 
@@ -149,6 +170,8 @@ __all__ = [
     "ResidencyViolation",
     "RoundError",
     "FaultToleranceExceeded",
+    "SecureAggregationAborted",
+    "SecureSumRejected",
     "FolderInUse",
     "ParticipantFailed",
     "NonDeterministicAggregation",

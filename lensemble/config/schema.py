@@ -50,7 +50,8 @@ _MODEL_ADDED_DEFAULTS = {"predictor_attention": "window", "input_norm": "pixel",
 _TRAIN_ADDED_DEFAULTS = {"bn_recalibration_batches": 40}
 _OBJECTIVE_ADDED_DEFAULTS = {"lambda_straight": 0.0}
 _EVAL_ADDED_DEFAULTS = {"goal_source": "expert"}
-_FEDERATION_ADDED_DEFAULTS = {"bn_recalibration": "probe"}
+_FEDERATION_ADDED_DEFAULTS = {"bn_recalibration": "probe", "secure_aggregation": False, "secagg_clip_range": 8.0,
+                              "secagg_bits": 24, "secagg_max_norm": None, "secagg_threshold": 2}
 
 
 class ModelConfig(_Section):
@@ -229,6 +230,24 @@ class FederationConfig(_Section):
         "the probe, so every party's statistics come from the same public frames; none: the global "
         "keeps the warm start's statistics (docs/model.md)",
     )
+    # [secagg] Flower SecAgg+ under the outer step (docs/federation.md, "Secure aggregation"). The
+    # coordinator then sees only the sum of the released updates; its error bound is stated there.
+    secure_aggregation: bool = Field(False, description="mask every released Δ with Flower's SecAgg+; the "
+                                     "coordinator reconstructs only the sum (Flower engines only)")
+    # 8.0 (Flower's default): a clipped, noised DP update at the default σ=1 stays inside it up to 7σ
+    # (clip_norm·(1+7σ) = 8), and a plain Δ (|Δ_i| ≲ H·lr ≈ 0.05 at the defaults) by > 100x.
+    secagg_clip_range: float = Field(8.0, gt=0, description="c: every coordinate of a released Δ must lie in "
+                                     "[-c, c] (checked on the participant; SecAgg+ quantises that range)")
+    # 24 bits: the mean's coordinates are off by < 2c/2^b = 9.5e-7 at c=8, and C·2^b < 2^32 (Flower's
+    # mask modulus) leaves room for 255 participants; 22 (Flower's default) would allow 1023 at 4x the error.
+    secagg_bits: int = Field(24, ge=8, le=30, description="b: [-c, c] is quantised to 2^b levels "
+                             "(stochastic rounding); each coordinate of the mean is off by < 2c/2^b")
+    secagg_max_norm: float | None = Field(None, gt=0, description="B: L2 bound on each released Δ, checked on "
+                                          "the participant before masking and as C·B on the sum; None: c·√n, "
+                                          "the bound the coordinate range already implies")
+    # 2: the fewest a sum can hide behind, so the most dropouts the protocol tolerates (C - 2).
+    secagg_threshold: int = Field(2, ge=2, description="t: SecAgg+ shares needed to reconstruct a "
+                                  "participant's secrets; a round finishes only while >= t participants remain")
 
     @model_serializer(mode="wrap")
     def _omit_added_defaults(self, handler):

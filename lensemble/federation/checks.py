@@ -6,8 +6,16 @@ too, so a config the command calls valid is one ``run`` accepts.
 
 from __future__ import annotations
 
-from lensemble.config.schema import LensembleConfig
+from lensemble.config.schema import LensembleConfig, PrivacyConfig
 from lensemble.errors import ConfigError
+
+#: Flower's SecAgg+ mask modulus (``modulus_range``): its default and its largest allowed value.
+MOD_BITS = 32
+#: A DP-noised coordinate must fit the SecAgg+ range up to this many noise standard deviations: a
+#: Gaussian exceeds 7σ with probability 2.6e-12, about 5e-6 per release of 2M coordinates.
+DP_TAIL_SIGMAS = 7.0
+#: Engines that can run SecAgg+ (the framework-free one has no Flower grid to run it on).
+SECURE_ENGINES = ("ray", "flower-inprocess")
 
 
 def check_federation_config(cfg: LensembleConfig) -> None:
@@ -22,6 +30,41 @@ def check_federation_config(cfg: LensembleConfig) -> None:
             "(ε covers only the clipped, noised pseudo-gradient)",
             remediation="use a rung without distillation (gauge=anchor or lower) with privacy=dp, "
                         "or privacy=none for rung 5")
+    check_secure_config(cfg)
 
 
-__all__ = ["check_federation_config"]
+def check_secure_config(cfg: LensembleConfig) -> None:
+    """ConfigError naming the fields when secure aggregation cannot work with this config."""
+    f = cfg.federation
+    if not f.secure_aggregation:
+        return
+    levels = 1 << f.secagg_bits
+    most = ((1 << MOD_BITS) - 1) // levels
+    fix = "set it in the config or on the command line (docs/federation.md, 'Secure aggregation')"
+    if cfg.data.num_silos < 2:
+        raise ConfigError("federation.secure_aggregation needs data.num_silos >= 2: a sum of one update is "
+                          "that update", remediation="add a silo or turn secure aggregation off")
+    if f.secagg_threshold > cfg.data.num_silos:
+        raise ConfigError(f"federation.secagg_threshold={f.secagg_threshold} exceeds data.num_silos="
+                          f"{cfg.data.num_silos}: no round could ever be unmasked",
+                          remediation="lower federation.secagg_threshold (>= 2)")
+    if cfg.data.num_silos > most:
+        raise ConfigError(f"{cfg.data.num_silos} participants x 2^{f.secagg_bits} quantisation levels do not fit "
+                          f"Flower's 2^{MOD_BITS} mask modulus (at most {most} participants)",
+                          remediation=f"lower federation.secagg_bits; {fix}")
+    if cfg.privacy.enabled:
+        need = dp_clip_range(cfg.privacy)
+        if f.secagg_clip_range < need:
+            raise ConfigError(
+                f"federation.secagg_clip_range={f.secagg_clip_range:g} is below clip_norm·(1 + "
+                f"{DP_TAIL_SIGMAS:g}σ) = {need:g}: noised coordinates would fall outside the SecAgg+ "
+                "range and participants would refuse to release",
+                remediation=f"set federation.secagg_clip_range >= {need:g}")
+
+
+def dp_clip_range(privacy: PrivacyConfig) -> float:
+    """The smallest coordinate range that holds a clipped, noised DP update up to 7σ."""
+    return float(privacy.clip_norm) * (1.0 + DP_TAIL_SIGMAS * float(privacy.noise_multiplier))
+
+__all__ = ["check_federation_config", "check_secure_config", "dp_clip_range", "MOD_BITS", "DP_TAIL_SIGMAS",
+           "SECURE_ENGINES"]

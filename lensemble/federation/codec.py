@@ -82,6 +82,16 @@ def decode_delta(payload: Mapping[str, np.ndarray], layout: Layout) -> StateDict
     return unflatten(torch.from_numpy(np.array(flat, dtype=np.float32)), layout)
 
 
+def payload_flat(payload: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The flat Δ a payload decodes to, float32 (n,), without a layout (what secure aggregation masks)."""
+    keys = frozenset(payload)
+    if keys == FP32_KEYS:
+        return np.asarray(payload["fp32"], dtype=np.float32).reshape(-1)
+    if keys == INT8_KEYS:
+        return dequantize_int8(np.asarray(payload["q"]).reshape(-1), payload["scale"])
+    raise RoundError(f"unknown payload keys {sorted(keys)}; expected {{fp32}} or {{q, scale}}")
+
+
 def payload_nbytes(payload: Mapping[str, np.ndarray]) -> int:
     """Bytes of array data in a payload (what goes on the wire, framing excluded)."""
     return int(sum(np.asarray(v).nbytes for v in payload.values()))
@@ -110,6 +120,7 @@ __all__ = [
     "dequantize_int8",
     "encode_delta",
     "decode_delta",
+    "payload_flat",
     "payload_nbytes",
     "payload_numel",
     "quant_ratio",

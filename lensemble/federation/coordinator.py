@@ -31,6 +31,8 @@ from lensemble.errors import (
     DegenerateProcrustes,
     PrivacyBudgetExceeded,
     ProbeError,
+    ResidencyViolation,
+    SecureSumRejected,
 )
 from lensemble.federation.bn_stats import recalibrate_on_probe
 from lensemble.federation.checks import check_federation_config
@@ -39,8 +41,10 @@ from lensemble.federation.locks import lock_folder
 from lensemble.federation.messages import Reply
 from lensemble.federation.outer import OuterOptimizer, aggregate_checked
 from lensemble.federation.privacy import PrivacyLedger, ReleaseTally
+from lensemble.federation.pseudograd import Layout
+from lensemble.federation.secure_agg import SecAggSettings, SecureSum, check_secure_sum, mean_from_sum
 from lensemble.federation.state import federated_keys, split_state, to_arrays
-from lensemble.federation.validation import Update, require_quorum, validate_updates
+from lensemble.federation.validation import Update, require_quorum, validate_embeddings, validate_updates
 from lensemble.gauge.anchor import FrameAnchor
 from lensemble.gauge.distill import aligned_consensus, distill_encoder
 from lensemble.gauge.drift import GLOBAL_KEY, frame_drift
@@ -256,9 +260,14 @@ class Coordinator:
         return self.ledger.epsilon_for(self.tally.bound()) if self.ledger is not None else 0.0
 
     def close_round(self, t: int, replies: dict[str, Reply], failures: dict[str, str], *,
-                    wire_bytes: int | None = None, seconds: float | None = None) -> dict:
+                    wire_bytes: int | None = None, seconds: float | None = None,
+                    secure_sum: SecureSum | None = None) -> dict:
         """Aggregate round t and commit it. Raises FaultToleranceExceeded below quorum (nothing
-        is committed then, so the same round can be retried)."""
+        is committed then, so the same round can be retried).
+
+        Under ``federation.secure_aggregation`` the round comes as ``secure_sum`` (S = Σ Δ_c over
+        its contributors) and replies that carry no update; individual updates are refused.
+        """
         if t != self.next_round:
             raise ConfigError(f"round {t} closed while round {self.next_round} is open")
         started = time.perf_counter()
@@ -267,20 +276,24 @@ class Coordinator:
                 n = r.metrics.get("dp/releases")
                 if isinstance(n, (int, float)) and not isinstance(n, bool) and n >= 0:
                     self.tally.record(pid, int(n))
-        template = self.outer.params
         # Under DP the participants withhold their probe embeddings: (0, d) is the only valid form.
         rows = 0 if self.cfg.privacy.enabled else len(self.probe)
-        result = validate_updates([Update(pid, r.round_index, r.payload, r.probe_embeddings)
-                                   for pid, r in sorted(replies.items())],
-                                  template=template, round_index=t, max_update_mb=self.cfg.federation.max_update_mb,
-                                  embedding_shape=(rows, self.cfg.model.latent_dim))
-        dropped = dict(failures) | {pid: f"sent an unusable reply ({why})" for pid, why in result.rejected}
-        require_quorum(len(result.accepted), self.cfg.federation.min_participants, round_index=t,
-                       failures=dropped)
-        mean = aggregate_checked(result.accepted)
+        secure_metrics: dict = {}
+        if self.cfg.federation.secure_aggregation or secure_sum is not None:
+            mean, accepted, dropped, secure_metrics = self._secure_mean(t, replies, failures, secure_sum, rows)
+        else:
+            result = validate_updates([Update(pid, r.round_index, r.payload, r.probe_embeddings)
+                                       for pid, r in sorted(replies.items())],
+                                      template=self.outer.params, round_index=t,
+                                      max_update_mb=self.cfg.federation.max_update_mb,
+                                      embedding_shape=(rows, self.cfg.model.latent_dim))
+            dropped = dict(failures) | {pid: f"sent an unusable reply ({why})" for pid, why in result.rejected}
+            require_quorum(len(result.accepted), self.cfg.federation.min_participants, round_index=t,
+                           failures=dropped)
+            mean = aggregate_checked(result.accepted)
+            accepted = sorted(result.accepted)
         new_params = self.outer.preview(mean)
         self.outer.commit(mean, expected=new_params)
-        accepted = sorted(result.accepted)
 
         model = world_model_from_state(architecture(self.cfg.model), self.global_state())
         metrics: dict = {}
@@ -329,7 +342,8 @@ class Coordinator:
             "fed/participants": len(accepted),
             "fed/dropped": len(dropped),
             "fed/comm_bytes": int(wire),
-            "fed/quant_ratio": float(np.mean([quant_ratio(replies[p].payload) for p in accepted])),
+            "fed/quant_ratio": (float(np.mean([quant_ratio(replies[p].payload) for p in accepted]))
+                                if secure_sum is None else None),
             "fed/round_seconds": float(seconds if seconds is not None else 0.0),
             "fed/aggregate_seconds": time.perf_counter() - started,
             "gauge/global_effective_dim": effective_dim(global_emb),
@@ -338,6 +352,7 @@ class Coordinator:
         })
         if self.tally is not None:
             metrics["dp/releases_bound"] = self.tally.bound()
+        metrics.update(secure_metrics)
         for key in ("loss/pred", "loss/sigreg", "loss/anchor"):
             vals = [replies[p].metrics[key] for p in accepted if key in replies[p].metrics]
             if vals:
@@ -354,6 +369,49 @@ class Coordinator:
         self.sink.log(t, metrics)
         self.next_round = t + 1
         return metrics
+
+    def _secure_mean(self, t: int, replies: dict[str, Reply], failures: dict[str, str],
+                     secure_sum: SecureSum | None, rows: int):
+        """(Δ̄ = S / C, participants with usable side data, dropped, metrics) of a secure round.
+
+        The coordinator never holds an individual update here: a reply that carries one, or a
+        round that comes without a sum, is refused. The sum must pass :func:`check_secure_sum`
+        (finite, n coordinates, within C x the per-update bounds) or the round fails closed.
+        """
+        if not self.cfg.federation.secure_aggregation:
+            raise ConfigError(f"round {t} came as a secure sum but federation.secure_aggregation is off",
+                              remediation="run the coordinator with the config the participants were asked with")
+        if secure_sum is None:
+            raise ResidencyViolation(f"round {t}: federation.secure_aggregation is on but the round came "
+                                     "with individual updates, not a SecAgg+ sum",
+                                     remediation="secure aggregation runs on the Flower engines "
+                                                 "(--engine ray or flower-inprocess)")
+        holding = sorted(pid for pid, r in replies.items() if r.payload)
+        if holding:
+            raise ResidencyViolation(f"round {t}: replies of {holding} carry an individual update under "
+                                     "secure aggregation")
+        settings = SecAggSettings.from_config(self.cfg.federation)
+        layout = Layout.of(self.outer.params)
+        contributors = list(secure_sum.contributors)
+        dropped = dict(failures)
+        require_quorum(len(contributors), max(self.cfg.federation.min_participants, settings.threshold),
+                       round_index=t, failures=dropped)
+        checked = check_secure_sum(secure_sum.total, len(contributors), layout.numel, settings, round_index=t)
+        mean = mean_from_sum(secure_sum.total, len(contributors), layout)
+        # Their updates are in the sum whatever their side data; only usable side data (the
+        # probe embeddings) enters drift and distillation.
+        accepted = []
+        for pid in sorted(contributors):
+            r = replies.get(pid)
+            why = ("sent no reply record" if r is None else
+                   f"wrong round {r.round_index}" if r.round_index != t else
+                   validate_embeddings(r.probe_embeddings, (rows, self.cfg.model.latent_dim)))
+            if why:
+                raise SecureSumRejected(f"round {t}: {pid} is in the sum but its reply is unusable ({why})")
+            accepted.append(pid)
+        metrics = {**checked, "fed/secagg_participants": len(contributors), "fed/secagg_clip_range": settings.clip_range,
+                   "fed/secagg_bits": settings.bits, "fed/secagg_mean_error_bound": settings.mean_error_bound()}
+        return mean, accepted, dropped, metrics
 
     def _drift(self, embeddings: dict[str, torch.Tensor], t: int):
         """FrameDriftReport, or None when some pair's rotation is not identifiable (collapse)."""

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from lensemble.config.schema import LensembleConfig
-from lensemble.errors import LensembleError, error_label
+from lensemble.errors import ConfigError, LensembleError, error_label
+from lensemble.federation.checks import SECURE_ENGINES
 from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.faults import FaultPlan, check_plan, fault_for, faulty
 from lensemble.federation.messages import NodeSpec
@@ -115,6 +116,12 @@ def run_inprocess(cfg: LensembleConfig, run_dir: str | Path, *, progress: bool =
     :mod:`lensemble.federation.faults` plus ``"timeout"`` (the reply counts as late).
     ``coordinator`` and ``participant`` are the two sides of the round (tests pass fakes).
     """
+    if cfg.federation.secure_aggregation:
+        # SecAgg+ is a protocol between nodes: this engine has no grid to run its four stages on
+        raise ConfigError("federation.secure_aggregation needs a Flower engine: the in-process engine "
+                          "calls participants directly and cannot run SecAgg+",
+                          remediation="use --engine " + " or --engine ".join(SECURE_ENGINES)
+                                      + ", or a SuperLink deployment (docs/deployment.md)")
     run_dir = Path(run_dir)
     plan = check_plan(fail or {}, extra=("timeout",))
     late = {k: v for k, v in plan.items() if v == "timeout"}

@@ -18,7 +18,8 @@ ResidencyViolation or PrivacyBudgetExceeded, a broken invariant) propagates at o
 The coordinator is duck-typed: ``num_rounds``, ``next_round``, ``round_config(t)``,
 ``global_arrays()``, optional ``extras`` (public side inputs, e.g. anchor targets), optional
 ``before_ask(t)`` (called just before every ask: the DP tally counts asks durably),
-``close_round(t, replies, failures, wire_bytes=, seconds=)`` and ``finish()``; tests drive fakes.
+``close_round(t, replies, failures, wire_bytes=, seconds=[, secure_sum=])`` and ``finish()``; tests
+drive fakes. ``secure_sum`` is passed only when the ask ran secure aggregation.
 
 Failures are phrases that read after the participant id ("did not reply within 5 s",
 "failed: RoundError [round_failed]"), so the round line and the quorum error say what happened.
@@ -46,13 +47,16 @@ class Answers:
     replies: participant id -> Reply; failures: participant id (or ``node-<id>`` while a node's
     silo is unknown) -> reason; asked: participants (or nodes) the instruction went to;
     wire_bytes: serialised array bytes sent and received, or None when nothing was serialised
-    (the coordinator then counts the replies' payload bytes).
+    (the coordinator then counts the replies' payload bytes); secure_sum: under secure
+    aggregation, the unmasked sum of the updates
+    (:class:`~lensemble.federation.secure_agg.SecureSum`) — the replies then carry no update.
     """
 
     replies: dict[str, Any] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
     asked: int = 0
     wire_bytes: int | None = None
+    secure_sum: Any = None
 
 
 # ask(t, round_config, global_arrays, extras, deadline_s) -> Answers
@@ -76,8 +80,11 @@ def drive_rounds(coordinator: Any, ask: AskFn, federation: FederationConfig, *, 
                 answers = ask(t, round_config, coordinator.global_arrays(),
                               dict(getattr(coordinator, "extras", None) or {}), federation.round_timeout_s)
                 seconds = time.monotonic() - started
+                # only a secure ask passes the sum: a coordinator without secure aggregation
+                # keeps its signature
+                secure = {"secure_sum": answers.secure_sum} if answers.secure_sum is not None else {}
                 metrics = coordinator.close_round(t, answers.replies, answers.failures,
-                                                  wire_bytes=answers.wire_bytes, seconds=seconds) or {}
+                                                  wire_bytes=answers.wire_bytes, seconds=seconds, **secure) or {}
                 break
             except FaultToleranceExceeded as err:
                 say(f"round {t + 1}/{total} attempt {attempt} failed: {err.message}")
@@ -112,6 +119,8 @@ def _round_line(t: int, total: int, attempt: int, answers: Answers, metrics: dic
     retry = f" (attempt {attempt})" if attempt > 1 else ""
     line = (f"round {t + 1}/{total}{retry}: {len(answers.replies)}/{answers.asked} replies, "
             f"{_human_bytes(float(wire))} on the wire, {seconds:.1f} s")
+    if answers.secure_sum is not None:
+        line += f", SecAgg+ sum of {answers.secure_sum.participants}"
     if "gauge/drift_angle_deg" in metrics:
         line += f", drift {metrics['gauge/drift_angle_deg']:.1f}°"
     if "loss/pred" in metrics:

@@ -160,9 +160,19 @@ def communication_sentence(rounds: Sequence[Mapping], inner_steps: int) -> str:
         return "Communication: no round recorded fed/comm_bytes."
     per_round = sum(sent) / len(sent)
     h = int(inner_steps)
-    return (f"Communication: {format_bytes(per_round)} per round on the wire ({len(sent)} rounds, "
+    text = (f"Communication: {format_bytes(per_round)} per round on the wire ({len(sent)} rounds, "
             f"{format_bytes(sum(sent))} in all); synchronising after each of the H = {h} inner steps would "
             f"have sent {h}× as much ({format_bytes(h * per_round)} per round).")
+    counts = [int(r["fed/secagg_participants"]) for r in rounds
+              if isinstance(r.get("fed/secagg_participants"), (int, float))]
+    if counts:  # [secagg] what the coordinator held, and the error the masking's quantisation adds
+        bound = next((float(r["fed/secagg_mean_error_bound"]) for r in rounds
+                      if isinstance(r.get("fed/secagg_mean_error_bound"), (int, float))), None)
+        held = str(counts[0]) if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
+        text += f" Secure aggregation (Flower SecAgg+): the coordinator held only the sum of {held} updates per round"
+        text += (f"; its quantisation adds < {bound:.2g} per coordinate of the mean." if bound is not None
+                 else ".")
+    return text
 
 
 __all__ = ["SuccessComparison", "communication_sentence", "compare_success", "drift_sentence", "format_bytes",

@@ -36,3 +36,10 @@ def test_bench_federation_small_prints_overhead_and_bytes(tmp_path):
             assert re.search(rf"^bytes {engine} {codec}: uplink delta rel diff [+-]\d+\.\d+%", out, re.M), out
     # the codec's byte prediction is exact for the in-process engine (no wire framing at all)
     assert "bytes inprocess fp32: uplink delta rel diff +0.000%" in out, out
+
+
+def test_bench_secagg_small_prints_the_ratios(tmp_path):
+    out = _run("bench_secagg.py", "--small", "--rounds", "1", "--inner-steps", "1", "--warmstart-steps", "5",
+               "--workdir", str(tmp_path))
+    assert re.search(r"^ratio secure/plain bytes per round: \d+\.\d+x \(protobuf \d+\.\d+x\); "
+                     r"seconds per round: \d+\.\d+x; seconds beyond compute: -?\d+\.\d+x", out, re.M), out

@@ -12,7 +12,9 @@ Any exception, ResidencyViolation included, becomes a Flower error reply; the co
 it as a failure for this round (a fail-closed one stops the run). Only the exception's class and
 code leave the node: its message can hold private values, so it is logged here, at the site, and
 re-raised as the same class with a message that names nothing but the class
-(:func:`sanitised`). With privacy on, the reply must also pass
+(:func:`sanitised`). Under ``federation.secure_aggregation`` the app answers the SecAgg+ stages
+through Flower's ``secaggplus_mod`` (:mod:`lensemble.federation.flower.secagg`): the handler then
+returns the checked update in Flower's FitRes layout, and only its masked form leaves. With privacy on, the reply must also pass
 :func:`~lensemble.federation.validation.check_private_egress`. Flower's CLI loads the module-level
 ``app``; Python launchers call :func:`make_client_app` with the run configuration baked in.
 """
@@ -30,7 +32,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from lensemble.config.schema import LensembleConfig, validate_config
-from lensemble.errors import ConfigError, LensembleError, ParticipantFailed
+from lensemble.errors import ConfigError, LensembleError, ParticipantFailed, ResidencyViolation
 from lensemble.federation.flower import merge_run_config
 from lensemble.federation.flower.records import (
     ARRAYS,
@@ -40,8 +42,16 @@ from lensemble.federation.flower.records import (
     record_to_config,
     reply_to_content,
 )
+from lensemble.federation.flower.secagg import (
+    federated_numel,
+    is_secure_message,
+    secure_aggregation_mod,
+    secure_reply_content,
+)
 from lensemble.federation.messages import NodeSpec
 from lensemble.federation.participant import participant_round
+from lensemble.federation.secure_agg import SecAggSettings
+from lensemble.federation.state import federated_keys
 from lensemble.federation.validation import check_private_egress
 
 log = logging.getLogger(__name__)
@@ -128,20 +138,20 @@ def sanitised(exc: BaseException) -> LensembleError:
 
 
 def handle_train(msg: Message, context: Context, participant: Callable = participant_round,
-                 baked: Mapping[str, Any] | None = None) -> Message:
+                 baked: Mapping[str, Any] | None = None, *, federated: Callable = federated_keys) -> Message:
     """One participant round for one "train" message; returns the guarded reply.
 
     Raises only :func:`sanitised` errors (the full one is logged on this node).
     """
     try:
-        return _handle_train(msg, context, participant, baked)
+        return _handle_train(msg, context, participant, baked, federated)
     except Exception as exc:
         log.error("participant round failed on this node", exc_info=True)  # stays at the site
         raise sanitised(exc) from None
 
 
 def _handle_train(msg: Message, context: Context, participant: Callable,
-                  baked: Mapping[str, Any] | None) -> Message:
+                  baked: Mapping[str, Any] | None, federated: Callable) -> Message:
     _single_thread()
     run_config = merge_run_config(context.run_config, baked)
     global_arrays = record_to_arrays(msg.content[ARRAYS])
@@ -149,24 +159,38 @@ def _handle_train(msg: Message, context: Context, participant: Callable,
     cfg = config_from_round(round_config)
     node = node_spec(context, cfg, run_config, run_id=round_config.get("run-id"))
     extras = record_to_arrays(msg.content[EXTRAS]) if EXTRAS in msg.content else None  # e.g. anchor targets
+    secure = is_secure_message(msg)
+    if cfg.federation.secure_aggregation and not secure:
+        # the run promised the participants that only a masked update leaves: refuse a plain ask
+        raise ResidencyViolation("federation.secure_aggregation is on but this 'train' message is not "
+                                 "part of a SecAgg+ round; the update would leave unmasked",
+                                 remediation="the coordinator must run the SecAgg+ stages (SecureGridAsk)")
     reply = participant(cfg, node, global_arrays, round_config, extras)
     if cfg.privacy.enabled:  # whatever participant function ran, the DP egress rule holds here
         check_private_egress({"probe_embeddings": reply.probe_embeddings, "metrics": reply.metrics})
+    if secure:  # [secagg] checked here, then masked by secure_aggregation_mod around this handler
+        content = secure_reply_content(reply, partition_id=node.partition_id,
+                                       numel=federated_numel(global_arrays, federated(cfg)),
+                                       settings=SecAggSettings.from_config(cfg.federation))
+        return Message(content, reply_to=msg)
     return Message(reply_to_content(reply, partition_id=node.partition_id), reply_to=msg)
 
 
 def make_client_app(participant: Callable = participant_round, *,
-                    run_config: Mapping[str, Any] | None = None) -> ClientApp:
+                    run_config: Mapping[str, Any] | None = None,
+                    federated: Callable = federated_keys) -> ClientApp:
     """A ClientApp that answers "train" with ``participant(cfg, node, global, round_config, extras)``.
 
-    ``run_config`` is laid over ``context.run_config``.
+    ``run_config`` is laid over ``context.run_config``; ``federated(cfg)`` names the tensors a
+    pseudo-gradient covers (the size a secure participant checks its update against).
     """
     baked = dict(run_config or {})
-    client = ClientApp()
+    # [secagg] Flower's secaggplus_mod for SecAgg+ messages; plain "train" messages pass untouched
+    client = ClientApp(mods=[secure_aggregation_mod])
 
     @client.train()
     def train(msg: Message, context: Context) -> Message:
-        return handle_train(msg, context, participant, baked)
+        return handle_train(msg, context, participant, baked, federated=federated)
 
     return client
 

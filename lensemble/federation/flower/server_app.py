@@ -2,7 +2,9 @@
 
 The rounds themselves are :func:`lensemble.federation.rounds.drive_rounds`, the same driver the
 framework-free engine uses; this app supplies only how to ask the participants
-(:class:`~lensemble.federation.flower.transport.GridAsk`, messages over the Flower Grid).
+(:class:`~lensemble.federation.flower.transport.GridAsk`, messages over the Flower Grid, or
+:class:`~lensemble.federation.flower.secagg.SecureGridAsk`, Flower's SecAgg+ stages, under
+``federation.secure_aggregation``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from lensemble.config.loader import load_config
 from lensemble.config.schema import LensembleConfig, validate_config
 from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.flower import merge_run_config
+from lensemble.federation.flower.secagg import SecureGridAsk
 from lensemble.federation.flower.transport import GridAsk
 from lensemble.federation.rounds import drive_rounds
 
@@ -64,7 +67,10 @@ def make_server_app(coordinator: Callable[..., Any] = Coordinator, *,
             cfg = resolve_config(rc)
             progress = bool(rc["progress"])
             coord = coordinator(cfg, resolve_run_dir(cfg, rc), progress=progress)
-            summary = drive_rounds(coord, GridAsk(grid, cfg, cancel=cancel), cfg.federation, progress=progress)
+            # [secagg] Flower's SecAgg+ stages instead of one plain "train" message per node
+            ask = (SecureGridAsk(grid, cfg, cancel=cancel) if cfg.federation.secure_aggregation
+                   else GridAsk(grid, cfg, cancel=cancel))
+            summary = drive_rounds(coord, ask, cfg.federation, progress=progress)
             if on_finish is not None:
                 on_finish(summary)
         finally:
