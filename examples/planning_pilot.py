@@ -38,7 +38,7 @@ re-running the same command resumes where it stopped):
 ``--protocol dataset_goal`` scores the same checkpoints under the published protocol
 (configs/eval/dataset_goal.yaml). ``--stage train`` only trains (to run two trainings side by side
 in two processes), ``--stage eval`` only evaluates what has been trained; the default ``all`` does
-both and writes ``<out>/pilot.json`` and ``<out>/pilot.md``. Extra arguments are config overrides
+both and writes ``<out>/pilot.json`` and ``<out>/pilot.md`` (``pilot-<protocol>.*`` for another protocol). Extra arguments are config overrides
 for every arm (training and evaluation). CPU seconds (this process, one torch thread) are recorded
 per training run and per evaluation.
 """
@@ -270,8 +270,14 @@ def fmt(x, f: str = ".3f") -> str:
     return "–" if x is None else format(x, f)
 
 
+def report_stem(protocol: str) -> str:
+    """``pilot`` for the strict protocol (as the first pilot wrote it), ``pilot-<protocol>`` else."""
+    return "pilot" if protocol == "strict" else f"pilot-{protocol}"
+
+
 def write_report(out: Path, result: dict) -> None:
-    (out / "pilot.json").write_text(json.dumps(result, indent=1, default=str))
+    stem = report_stem(result["protocol"])
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
     lines = [f"# Planning pilot ({result['protocol']} protocol, {result['steps']} training steps, "
              f"{result['episodes']} tasks, goal-spec {result['goal_spec_hash'][:12]})", "",
              f"Tasks whose goal lies across the wall: {result['cross_wall_tasks']} of {result['episodes']}. "
@@ -306,7 +312,7 @@ def write_report(out: Path, result: dict) -> None:
         holm_p = row.get("p_holm")
         lines.append(f"| {row['a']} vs {row['b']} | {row['a_only']} | {row['b_only']} | {row['p_two_sided']:.3g} "
                      f"| {'–' if holm_p is None else format(holm_p, '.3g')} |")
-    (out / "pilot.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -437,7 +443,7 @@ def main() -> None:
               "cross_wall_tasks": int(sum(cross)), "pixel_pca_probe": pca,
               "arms": arms, "pooled": pooled, "paired": paired, "tasks": geometry}
     write_report(out, result)
-    print((out / "pilot.md").read_text())
+    print((out / f"{report_stem(args.protocol)}.md").read_text())
 
 
 def pool_seeds(arms: dict, variants: list[str], seeds: list[int], trained: dict) -> list[dict]:
