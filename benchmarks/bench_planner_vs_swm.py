@@ -108,7 +108,7 @@ def swm_plan_fn(model, eval_cfg, n_envs: int, rollout: str, seed: int):
                                        action_block=block, warm_start=True))
     keep = eval_cfg.receding_horizon
 
-    def plan(z_hist, past, z_goal, init):
+    def plan(z_hist, past, z_goal, init, streams=None):  # swm's solver draws for the whole batch: streams unused
         b = z_hist.shape[0]
         info = {"z": z_hist, "goal_z": z_goal,
                 "past": past if past is not None else torch.zeros(b, 0, a_dim * block)}
@@ -127,9 +127,9 @@ class _Counted:
     def __init__(self, fn):
         self.fn, self.calls = fn, 0
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):  # kwargs: the closed loop's per-episode planner streams
         self.calls += 1
-        return self.fn(*args)
+        return self.fn(*args, **kwargs)
 
 
 def main() -> None:

@@ -103,10 +103,10 @@ class TimedPlan:
     def __init__(self, fn, device: str):
         self.fn, self.device, self.ms = fn, device, []
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):  # kwargs: the closed loop's per-episode planner streams
         sync(self.device)
         t0 = time.perf_counter()
-        out = self.fn(*args)
+        out = self.fn(*args, **kwargs)
         sync(self.device)
         self.ms.append(1000 * (time.perf_counter() - t0))
         return out
