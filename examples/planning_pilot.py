@@ -69,6 +69,7 @@ from lensemble.eval.closed_loop import (
     load_split,
     pose_goal,
 )
+from lensemble.eval.goals import GoalProtocol, pose_task
 from lensemble.eval.ladder import PROBE_DIMS, LadderSettings, linear_probe_r2, run_ladder
 from lensemble.eval.stats import holm, mcnemar_exact, wilson_interval
 from lensemble.model.encoder import embed_frames
@@ -139,20 +140,16 @@ def train_variant(v: str, seed: int, base: list[str], out: Path, steps: int) -> 
 # ---------------------------------------------------------------------------------- the tasks
 def task_geometry(cfg, specs) -> list[dict]:
     """Per task: start and goal agent positions and whether the goal lies across the wall
-    (stable-worldmodel's own ``check_other_room`` rule), read on a separate env."""
+    (stable-worldmodel's own ``check_other_room`` rule), posed under ``cfg``'s protocol
+    (``eval.goal_source``) on a separate env, exactly as :func:`lensemble.eval.evaluate` poses it."""
     env = make_env(cfg.env.id, cfg.model.img_size)
+    protocol = GoalProtocol.from_config(cfg)
     rows = []
     try:
         for spec in specs:
-            pose_goal(env, spec, cfg.eval.goal_offset, cfg.eval.seed)
-            start, goal = env.agent_position(), env.goal_state()
-            u = env.unwrapped
-            axis = int(u.variation_space.value["wall"]["axis"])
-            i = 1 if axis == 0 else 0
-            wall = float(u.wall_pos)
-            cross = bool((start[i] < wall < goal[i]) or (goal[i] < wall < start[i]))
-            rows.append({"index": spec.index, "start": start.tolist(), "goal": goal.tolist(),
-                         "cross_wall": cross})
+            task = pose_task(env, spec, protocol, cfg.eval.seed)
+            rows.append({"index": spec.index, "start": env.agent_position().tolist(),
+                         "goal": env.goal_state().tolist(), "cross_wall": bool(task.cross_wall)})
     finally:
         env.close()
     return rows
@@ -393,7 +390,7 @@ def main() -> None:
     if args.protocol == "strict":  # the goal-spec hash the first pilot's tasks were posed under
         assert gsh == goal_spec_hash(cfg.env.id, cfg.eval.goal_offset, cfg.eval.budget, specs)
     tworoom = cfg.env.id == TWOROOM  # PushT has no wall (no cross-wall split, no route validity)
-    geometry = cached(f"geometry-{gsh[:12]}", lambda: task_geometry(cfg, specs)) if tworoom else \
+    geometry = cached(f"geometry-v2-{gsh[:12]}", lambda: task_geometry(cfg, specs)) if tworoom else \
         [{"index": s.index, "cross_wall": False} for s in specs]
     cross = [g["cross_wall"] for g in geometry]
     pca = cached("pixel-pca-probe", lambda: pixel_pca_probe(cfg))
