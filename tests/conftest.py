@@ -19,3 +19,21 @@ def micro_cfg():
     from lensemble.config import load_config
 
     return load_config(["experiment=micro"])
+
+
+@pytest.fixture(scope="module")
+def micro_warm_start(tmp_path_factory):
+    """Factory ``make(name, *overrides) -> (overrides, root, warm-start folder)``: trains one public
+    warm start for ``experiment=micro`` plus ``overrides`` under a fresh folder, and returns the
+    overrides with ``data.root`` and ``federation.warmstart`` set, so every run of a module starts
+    from it, as a study's runs share theirs."""
+    from lensemble.config import load_config
+    from lensemble.training.warmstart import train_warmstart
+
+    def make(name: str, *overrides: str):
+        root = tmp_path_factory.mktemp(name)
+        base = ["experiment=micro", f"data.root={root / 'data'}", *overrides]
+        ws = train_warmstart(load_config(base), run_dir=root / "warmstart", progress=False)
+        return base + [f"federation.warmstart={ws.checkpoint_dir}"], root, ws.checkpoint_dir
+
+    return make

@@ -27,13 +27,9 @@ def _bn_buffers(tensors: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fedbn")
-    base = ["experiment=micro", f"data.root={root / 'data'}", *BN]
-    from lensemble.training.warmstart import train_warmstart
-
-    ws = train_warmstart(load_config(base), run_dir=root / "warmstart", progress=False)
-    return base + [f"federation.warmstart={ws.checkpoint_dir}"], ws.checkpoint_dir
+def shared(micro_warm_start):
+    base, _, ws_dir = micro_warm_start("fedbn", *BN)
+    return base, ws_dir
 
 
 def _probe(summary: dict, cfg) -> torch.Tensor:

@@ -34,14 +34,9 @@ from lensemble.federation.validation import DP_RELEASED_METRICS
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fed")
-    base = ["experiment=micro", f"data.root={root / 'data'}"]
-    # One warm start for every run in this module, as a study shares it.
-    from lensemble.training.warmstart import train_warmstart
-
-    ws = train_warmstart(load_config(base), run_dir=root / "warmstart", progress=False)
-    return base + [f"federation.warmstart={ws.checkpoint_dir}"], root
+def shared(micro_warm_start):
+    base, root, _ = micro_warm_start("fed")  # one warm start for every run in this module
+    return base, root
 
 
 def _cfg(shared, *extra):

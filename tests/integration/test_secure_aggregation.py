@@ -200,13 +200,9 @@ def test_a_secure_participant_refuses_a_plain_ask():
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-    root = tmp_path_factory.mktemp("secagg")
-    base = ["experiment=micro", f"data.root={root / 'data'}"]
-    from lensemble.training.warmstart import train_warmstart
-
-    ws = train_warmstart(load_config(base), run_dir=root / "warmstart", progress=False)
-    return base + [f"federation.warmstart={ws.checkpoint_dir}"], root
+def shared(micro_warm_start):
+    base, root, _ = micro_warm_start("secagg")
+    return base, root
 
 
 def test_a_secure_micro_run_tracks_the_plaintext_run(shared, tmp_path):
