@@ -127,8 +127,10 @@ def _participant_round(cfg: LensembleConfig, node: NodeSpec, state_dir: Path, gl
     folder = node.data_path or str(ensure_data(cfg, progress=False)[0])
     probe = probe_frames(folder, str(round_config["probe-hash"]))
 
-    global_sd = to_tensors(global_arrays)
-    model = world_model_from_state(architecture(cfg.model), global_sd)
+    model = world_model_from_state(architecture(cfg.model), to_tensors(global_arrays))
+    # The global as the model holds it: a 0-d buffer (BatchNorm's num_batches_tracked) arrives through
+    # Flower's ArrayRecord as shape (1,), which load_state_dict accepts but a difference would not.
+    global_sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if cfg.model.encoder_frozen:
         for p in model.encoder.parameters():
             p.requires_grad_(False)

@@ -108,3 +108,15 @@ def test_probe_batches_never_leave_a_single_frame(shared):
     assert recalibrate_on_probe(model.encoder, frames, cfg) == 1  # 257 frames: one batch, not 256 + 1
     frames = torch.randint(0, 255, (PROBE_BATCH_FRAMES + 2, 3, 32, 32), dtype=torch.uint8)
     assert recalibrate_on_probe(model.encoder, frames, cfg) == 2
+
+
+def test_a_batchnorm_model_federates_through_flower_records(shared, tmp_path):
+    """Through Flower's ArrayRecord a 0-d buffer (``num_batches_tracked``) arrives with shape (1,):
+    the participant must still difference against the model it loaded, and the run complete."""
+    from lensemble.federation.simulation import run_on_local_grid
+
+    base, _ = shared
+    cfg = load_config(base)
+    summary = run_on_local_grid(cfg, tmp_path / "run", progress=False)
+    assert summary["rounds_completed"] == cfg.federation.rounds
+    assert all(r["dropped"] == {} for r in summary["rounds"])
