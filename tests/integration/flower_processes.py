@@ -80,6 +80,31 @@ def start_supernode(workdir: Path | str, name: str, *, superlink: str, node_conf
     return proc
 
 
+def start_loopback_federation(workdir: Path | str, procs: list[FlowerProcess], *, sites: int = 2,
+                              env_extra: Mapping[str, str] | None = None) -> tuple[str, Path]:
+    """An insecure SuperLink and ``sites`` SuperNodes (``site0``.., partition i of ``sites``, each
+    with its own state folder) on loopback, every process appended to ``procs`` as it starts so the
+    caller's ``finally: stop_all(reversed(procs))`` stops whatever did start. Waits until every node's
+    runtime port listens. Returns (the SuperLink's address, a CLI home whose ``loopback``
+    connection dials it)."""
+    workdir = Path(workdir)
+    link = start_superlink(workdir, env_extra=env_extra)
+    procs.append(link)
+    address = f"{LOOPBACK}:{link.port}"
+    nodes = []
+    for i in range(sites):
+        nodes.append(start_supernode(workdir, f"site{i}", superlink=address,
+                                     node_config={"partition-id": i, "num-partitions": sites,
+                                                  "state-dir": str(workdir / f"state{i}")},
+                                     env_extra=env_extra, ready_timeout_s=None))
+        procs.append(nodes[-1])
+    for node in nodes:
+        wait_for_port(node, LOOPBACK, node.port, 60)
+    cli_home = workdir / "cli-home"
+    write_cli_config(cli_home, {"loopback": {"address": address, "insecure": True}})
+    return address, cli_home
+
+
 def make_tls_files(folder: Path | str, *, hosts: Sequence[str] = (LOOPBACK, "localhost"),
                    days: int = 365) -> TLSFiles:
     """A self-signed CA and a server certificate it signs, with ``hosts`` as subjectAltNames.

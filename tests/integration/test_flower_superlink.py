@@ -62,18 +62,7 @@ def test_superlink_two_supernodes_two_rounds(tmp_path):
     run_dir = tmp_path / "run"
     procs: list[sl.FlowerProcess] = []
     try:
-        link = sl.start_superlink(tmp_path, env_extra=FAKES_PATH)
-        procs.append(link)
-        address = f"{sl.LOOPBACK}:{link.port}"
-        for i in range(2):
-            procs.append(sl.start_supernode(tmp_path, f"site{i}", superlink=address,
-                                            node_config={"partition-id": i, "num-partitions": 2,
-                                                         "state-dir": str(tmp_path / f"state{i}")},
-                                            env_extra=FAKES_PATH, ready_timeout_s=None))
-        for node in procs[1:]:
-            sl.wait_for_port(node, sl.LOOPBACK, node.port, 60)
-        cli_home = tmp_path / "cli-home"
-        sl.write_cli_config(cli_home, {"loopback": {"address": address, "insecure": True}})
+        _, cli_home = sl.start_loopback_federation(tmp_path, procs, env_extra=FAKES_PATH)
         run_config = (f"overrides='experiment=micro federation.rounds=2 federation.round_timeout_s=120' "
                       f"run-dir='{run_dir}'")
         res = sl.flwr_cli(["run", ".", "loopback", "--stream", "--run-config", run_config],
@@ -152,18 +141,7 @@ def test_stopped_supernode_costs_one_deadline_and_the_run_exits(tmp_path):
     procs: list[sl.FlowerProcess] = []
     stopped: list[int] = []
     try:
-        link = sl.start_superlink(tmp_path, env_extra=FAKES_PATH)
-        procs.append(link)
-        address = f"{sl.LOOPBACK}:{link.port}"
-        for i in range(2):
-            procs.append(sl.start_supernode(tmp_path, f"site{i}", superlink=address,
-                                            node_config={"partition-id": i, "num-partitions": 2,
-                                                         "state-dir": str(tmp_path / f"state{i}")},
-                                            env_extra=FAKES_PATH, ready_timeout_s=None))
-        for node in procs[1:]:
-            sl.wait_for_port(node, sl.LOOPBACK, node.port, 60)
-        cli_home = tmp_path / "cli-home"
-        sl.write_cli_config(cli_home, {"loopback": {"address": address, "insecure": True}})
+        _, cli_home = sl.start_loopback_federation(tmp_path, procs, env_extra=FAKES_PATH)
         run_config = (f"overrides='experiment=micro federation.rounds=3 federation.min_participants=1 "
                       f"federation.round_timeout_s={deadline_s}' run-dir='{run_dir}'")
         argv = [str(sl.venv_bin() / "flwr"), "run", ".", "loopback", "--stream", "--run-config", run_config]

@@ -276,18 +276,7 @@ def test_secure_run_through_a_superlink_with_two_supernodes(shared, tmp_path):
     run_dir = tmp_path / "run"
     procs: list[sl.FlowerProcess] = []
     try:
-        link = sl.start_superlink(tmp_path)
-        procs.append(link)
-        address = f"{sl.LOOPBACK}:{link.port}"
-        for i in range(2):
-            procs.append(sl.start_supernode(tmp_path, f"site{i}", superlink=address,
-                                            node_config={"partition-id": i, "num-partitions": 2,
-                                                         "state-dir": str(tmp_path / f"state{i}")},
-                                            ready_timeout_s=None))
-        for node in procs[1:]:
-            sl.wait_for_port(node, sl.LOOPBACK, node.port, 60)
-        cli_home = tmp_path / "cli-home"
-        sl.write_cli_config(cli_home, {"loopback": {"address": address, "insecure": True}})
+        _, cli_home = sl.start_loopback_federation(tmp_path, procs)
         overrides = " ".join(base + ["federation.secure_aggregation=true", "federation.round_timeout_s=240"])
         res = sl.flwr_cli(["run", ".", "loopback", "--stream", "--run-config",
                            f"overrides='{overrides}' run-dir='{run_dir}'"],
