@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from tiny_model import D, tiny_cfg
+from tiny_model import D, frames, random_orthogonal, tiny_cfg
 
 from lensemble.config.schema import ModelConfig
 from lensemble.errors import ArtifactError
@@ -15,17 +15,6 @@ from lensemble.model import (
     rotate_latent_basis_,
     world_model_from_state,
 )
-
-
-def frames(n, size=16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (n, 3, size, size), generator=g, dtype=torch.uint8)
-
-
-def random_orthogonal(d, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q, r = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
-    return (q * torch.sign(torch.diagonal(r))).float()
 
 
 def test_encoder_shapes_and_input_types():

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_model import D, tiny_cfg
+from tiny_model import D, frames, random_orthogonal, tiny_cfg
 from torch import nn
 
 from lensemble.config.schema import LensembleConfig, ModelConfig, TrainConfig
@@ -22,17 +22,6 @@ from lensemble.model.encoder import embed_frames, recalibrate_batchnorm
 from lensemble.training.trainer import recalibrate_for_checkpoint
 
 COMBOS = [(i, p) for i in ("pixel", "global") for p in ("layernorm", "batchnorm")]
-
-
-def frames(n, size=16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (n, 3, size, size), generator=g, dtype=torch.uint8)
-
-
-def random_orthogonal(d, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q, r = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
-    return (q * torch.sign(torch.diagonal(r))).float()
 
 
 def dump_sha(section) -> str:

@@ -1,4 +1,6 @@
-"""A test-sized ModelConfig shared by the model unit tests (16 px, d = 16)."""
+"""A test-sized ModelConfig shared by the model unit tests (16 px, d = 16), and their seeded inputs."""
+
+import torch
 
 from lensemble.config.schema import ModelConfig
 
@@ -13,3 +15,16 @@ def tiny_cfg(**kw) -> ModelConfig:
     )
     base.update(kw)
     return ModelConfig(**base)
+
+
+def frames(n, size=16, seed=0):
+    """n random uint8 frames (n, 3, size, size), seeded."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, 3, size, size), generator=g, dtype=torch.uint8)
+
+
+def random_orthogonal(d, seed=0):
+    """A seeded random d x d rotation (QR with the sign fixed), float32."""
+    g = torch.Generator().manual_seed(seed)
+    q, r = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
+    return (q * torch.sign(torch.diagonal(r))).float()
