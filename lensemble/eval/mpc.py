@@ -288,14 +288,12 @@ class Planner:
             self._generators[key] = torch.Generator(device=device).manual_seed(seed)
         return self._generators[key]
 
-    def _noise(self, b: int, device: torch.device, streams: Sequence[int] | None = None) -> torch.Tensor:
-        """(B, S, H, A) standard-normal noise: white, or colored along H for iCEM. With ``streams``
-        (one key per row) row k is drawn from stream ``streams[k]`` alone, so it does not depend on
-        which other rows share the batch."""
-        if streams is not None:
-            if len(streams) != b:
-                raise EvaluationError(f"{len(streams)} planner streams for {b} environments")
-            return torch.cat([self._draw(1, device, self._gen(device, k)) for k in streams])
+    def _noise(self, b: int, device: torch.device, rows: Sequence[torch.Generator] | None = None) -> torch.Tensor:
+        """(B, S, H, A) standard-normal noise: white, or colored along H for iCEM. With ``rows`` (one
+        generator per row, from :meth:`_gen`) row k is drawn from ``rows[k]`` alone, so it does not
+        depend on which other rows share the batch."""
+        if rows is not None:
+            return torch.cat([self._draw(1, device, g) for g in rows])
         return self._draw(b, device, self._gen(device))
 
     def _draw(self, b: int, device: torch.device, g: torch.Generator) -> torch.Tensor:
@@ -377,6 +375,11 @@ class Planner:
         mean = mean.clamp(low, high)
         std = torch.full((b, h, a), self.init_std, device=device)
 
+        row_gens = None  # one generator per episode, looked up once per plan call, not per iteration
+        if streams is not None:
+            if len(streams) != b:
+                raise EvaluationError(f"{len(streams)} planner streams for {b} environments")
+            row_gens = [self._gen(device, k) for k in streams]
         z0_rep = z0.unsqueeze(1).expand(b, s, *z0.shape[1:]).reshape(b * s, *z0.shape[1:])
         rows = torch.arange(b, device=device)
         best_cost = torch.full((b,), math.inf, device=device)
@@ -386,7 +389,7 @@ class Planner:
         n_keep = self.icem_keep_elites if self.family == "icem" else 0
 
         for _ in range(self.iterations):
-            cand = mean.unsqueeze(1) + std.unsqueeze(1) * self._noise(b, device, streams)
+            cand = mean.unsqueeze(1) + std.unsqueeze(1) * self._noise(b, device, row_gens)
             cand[:, 0] = mean  # always re-evaluate the current mean
             if n_keep and elites is not None:
                 cand[:, s - n_keep :] = elites[:, :n_keep]  # elites come sorted, best first
