@@ -48,8 +48,9 @@ def _omit_defaults(dump: dict, added: dict) -> dict:
 #: Fields added to a section after hashes had been taken of its dump, with their defaults.
 _MODEL_ADDED_DEFAULTS = {"predictor_attention": "window", "input_norm": "pixel", "projector_norm": "layernorm"}
 _TRAIN_ADDED_DEFAULTS = {"bn_recalibration_batches": 40}
-_OBJECTIVE_ADDED_DEFAULTS = {"lambda_straight": 0.0}
-_EVAL_ADDED_DEFAULTS = {"goal_source": "expert"}
+_OBJECTIVE_ADDED_DEFAULTS = {"lambda_straight": 0.0, "lambda_rollout": 0.0}
+_EVAL_ADDED_DEFAULTS = {"goal_source": "expert", "cost": "l1", "reach_source": "public", "reach_aggregate": "final",
+                        "reach_max_gap": 50, "reach_steps": 2000}
 _FEDERATION_ADDED_DEFAULTS = {"bn_recalibration": "probe", "secure_aggregation": False, "secagg_clip_range": 8.0,
                               "secagg_bits": 24, "secagg_max_norm": None, "secagg_threshold": 2}
 
@@ -124,6 +125,13 @@ class ObjectiveConfig(_Section):
         0.0, ge=0,
         description="temporal straightening: weight of mean 1 - cos(z_{t+1} - z_t, z_{t+2} - z_{t+1}) over each "
         "clip's latents (needs train.clip_len >= 3); rotation invariant, so the gauge machinery is unaffected "
+        "(docs/model.md)",
+    )
+    lambda_rollout: float = Field(
+        0.0, ge=0,
+        description="multi-step rollout loss: weight of the MSE between the predictor's open-loop rollout from "
+        "each clip's first latent (its own predictions fed back, as in planning) and the clip's later latents "
+        "(train.clip_len - 1 steps); the same targets as the one-step term, so rotation equivariant like it "
         "(docs/model.md)",
     )
 
@@ -285,6 +293,24 @@ class EvalConfig(_Section):
         "[0, data.steps_per_episode - goal_offset] (docs/evaluation.md)",
     )
     budget: int = Field(50, ge=1, description="env steps allowed per episode")
+    cost: Literal["l1", "reachability"] = Field(
+        "l1",
+        description="the planner's energy: l1, the L1 distance between the final predicted latent and the goal "
+        "latent; reachability, a head r(z, g) fitted on the checkpoint's frozen latents to the time gap between "
+        "frames of logged trajectories (lensemble/model/reachability.py, docs/model.md)",
+    )
+    reach_source: Literal["public", "pooled"] = Field(
+        "public",
+        description="trajectories the reachability head is fitted on: public, the public corpus (no silo data, "
+        "what a federation's evaluator holds); pooled, every silo's train split (what a central model saw)",
+    )
+    reach_aggregate: Literal["final", "min"] = Field(
+        "final",
+        description="how the head scores a rollout: final, r at the last predicted latent; min, the closest "
+        "approach over the horizon (success is checked at every env step, so passing the goal counts)",
+    )
+    reach_max_gap: int = Field(50, ge=1, description="largest time gap (env steps) of a reachability pair")
+    reach_steps: int = Field(2000, ge=1, description="optimizer steps of the reachability fit")
     seed: int = 0
     heldout_factors: list[str] = Field(default_factory=list)
     device: str = Field("cpu", pattern=DEVICE_PATTERN,

@@ -69,7 +69,8 @@ from lensemble.eval.goals import (  # noqa: F401  (EpisodeSpec, pose_goal: re-ex
     pose_task,
 )
 from lensemble.eval.ladder import LadderSettings, run_ladder
-from lensemble.eval.mpc import Planner, WorldModelOnDevice, module_device
+from lensemble.eval.costs import planning_cost
+from lensemble.eval.mpc import CostFn, Planner, WorldModelOnDevice, module_device
 from lensemble.eval.reports import EpisodeRecord, EvalReport
 from lensemble.eval.routes import RouteTracker, TwoRoomDynamics
 from lensemble.model.world_model import world_model_from_state
@@ -237,7 +238,8 @@ def _to_chw(frames: Sequence[np.ndarray]) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(np.stack(frames))).permute(0, 3, 1, 2)
 
 
-def planner_plan_fn(model, planner: Planner, receding_horizon: int, execute: str = "best") -> PlanFn:
+def planner_plan_fn(model, planner: Planner, receding_horizon: int, execute: str = "best",
+                    cost_fn: CostFn | None = None) -> PlanFn:
     """Wrap :class:`Planner` as a :data:`PlanFn` over the model's predictor.
 
     ``execute`` chooses what the env runs: ``"best"`` (default, what ``evaluate`` and the study
@@ -249,6 +251,7 @@ def planner_plan_fn(model, planner: Planner, receding_horizon: int, execute: str
     ``iterations`` rollouts continue it for all B·S candidates (:meth:`Predictor.rollout_from`,
     rows b·S..b·S+S−1 belonging to environment b). The warm start for the next call is the plan
     shifted by the ``receding_horizon`` latent steps that will have been executed by then.
+    ``cost_fn`` replaces the planner's L1 energy (:func:`lensemble.eval.costs.planning_cost`).
     """
     if execute not in ("best", "mean"):
         raise ConfigError(f"execute must be 'best' or 'mean', got {execute!r}")
@@ -270,7 +273,7 @@ def planner_plan_fn(model, planner: Planner, receding_horizon: int, execute: str
                 raise EvaluationError(f"planner rows {z_rep.shape[0]} != {state.batch} histories x {s} samples")
             return pred.rollout_from(state, actions)
 
-        result = planner.plan(rollout_fn, z_hist, z_goal, init_mean=init, streams=streams)
+        result = planner.plan(rollout_fn, z_hist, z_goal, init_mean=init, streams=streams, cost_fn=cost_fn)
         return (result.actions if execute == "best" else result.mean), planner.next_init(result, receding_horizon)
 
     return plan
@@ -564,10 +567,13 @@ def evaluate(
 
     values, held_out = eval_factor_values(cfg, env_id, split)
     specs = episode_specs(eval_cfg.seed, n, values)
+    # Fitted before any env exists (a failed fit leaks nothing); the head never sees the tasks.
+    cost_fn, cost_info = planning_cost(model, cfg, eval_cfg, progress=progress) if policy == "mpc" else (None, None)
     envs = [make_env(env_id, model.cfg.img_size) for _ in range(min(int(parallel), n))]
     on_device = WorldModelOnDevice(model, eval_cfg.device)  # [device] closed loop on eval.device
     try:
-        plan_fn = planner_plan_fn(model, planner, eval_cfg.receding_horizon) if policy == "mpc" else None
+        plan_fn = planner_plan_fn(model, planner, eval_cfg.receding_horizon, cost_fn=cost_fn) if policy == "mpc" \
+            else None
         oracle = _oracle_planner(eval_cfg, info, block) if policy == "oracle" else None
         on_device.__enter__()
         with progress_bar(f"evaluate {policy} {split}", n, enabled=progress) as advance:
@@ -621,6 +627,7 @@ def evaluate(
         checkpoint_hash=ckpt.content_hash,
         planner={"mpc": eval_cfg.planner, "oracle": f"oracle-{eval_cfg.planner}"}.get(policy, "random"),
         transfer_success_rate=transfer_rate,
+        planning_cost=cost_info,
         **ladder_fields,
     )
 

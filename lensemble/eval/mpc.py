@@ -37,6 +37,9 @@ Family = Literal["cem", "icem", "mppi"]
 FAMILIES: tuple[str, ...] = ("cem", "icem", "mppi")
 
 RolloutFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: ``cost_fn(predicted (B, S, H, d), goal (B, 1, d)) -> (B, S)``: the energy of every candidate
+#: (lower is better); the default is :func:`latent_l1_cost`.
+CostFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -316,6 +319,7 @@ class Planner:
         init_mean: torch.Tensor | None = None,
         *,
         streams: Sequence[int] | None = None,
+        cost_fn: CostFn | None = None,
     ) -> PlanResult:
         """Plan H actions for each of B environments.
 
@@ -332,6 +336,9 @@ class Planner:
                 sampling noise then comes from stream ``streams[b]`` alone, so an episode's plan
                 does not depend on how many episodes share the batch or which. Without it the
                 whole batch draws from one stream (the result then depends on B).
+            cost_fn: optional :data:`CostFn` replacing the L1 energy (e.g. a learned
+                reachability head, lensemble.model.reachability); it must score every row
+                independently of the others, or batching would change plans.
 
         Returns:
             :class:`PlanResult`; ``actions`` are within [action_low, action_high].
@@ -342,7 +349,7 @@ class Planner:
         # inference_mode (not just no_grad) skips autograd's version bookkeeping: ~20 % faster
         # on small CPU models. Results are cloned outside it so callers get ordinary tensors.
         with torch.inference_mode():
-            res = self._plan(rollout_fn, z0, z_goal, init_mean, streams)
+            res = self._plan(rollout_fn, z0, z_goal, init_mean, streams, cost_fn)
         return PlanResult(
             actions=res.actions.clone(),
             cost=res.cost.clone(),
@@ -353,7 +360,7 @@ class Planner:
             evaluations=res.evaluations,
         )
 
-    def _plan(self, rollout_fn, z0, z_goal, init_mean, streams=None) -> PlanResult:
+    def _plan(self, rollout_fn, z0, z_goal, init_mean, streams=None, cost_fn=None) -> PlanResult:
         if z0.ndim < 2:
             raise EvaluationError(f"z0 must be (B, d) or (B, W, d), got shape {tuple(z0.shape)}")
         b = z0.shape[0]
@@ -400,9 +407,14 @@ class Planner:
                 raise EvaluationError(
                     f"rollout_fn must return (B*S={b * s}, H={h}, d) latents, got {tuple(pred.shape)}"
                 )
-            cost = latent_l1_cost(
-                pred.reshape(b, s, h, -1), z_goal.unsqueeze(1), over_horizon=self.cost_over_horizon
-            )
+            if cost_fn is None:
+                cost = latent_l1_cost(
+                    pred.reshape(b, s, h, -1), z_goal.unsqueeze(1), over_horizon=self.cost_over_horizon
+                )
+            else:
+                cost = cost_fn(pred.reshape(b, s, h, -1), z_goal.unsqueeze(1)).float()
+                if cost.shape != (b, s):
+                    raise EvaluationError(f"cost_fn must return (B={b}, S={s}) costs, got {tuple(cost.shape)}")
             if not torch.isfinite(cost).all():
                 raise EvaluationError(
                     "the world model returned non-finite latents during planning",
@@ -484,4 +496,4 @@ class WorldModelOnDevice:
         return False
 
 
-__all__ = ["Planner", "latent_l1_cost", "shift_plan", "module_device", "WorldModelOnDevice"]
+__all__ = ["Planner", "CostFn", "latent_l1_cost", "shift_plan", "module_device", "WorldModelOnDevice"]

@@ -140,6 +140,9 @@ class EvalReport(BaseModel):
     """Tasks whose goal lay across the wall (TwoRoom); None where the env has no wall or the report
     predates the count. :func:`cross_wall_summary` gives the share and the success on them."""
     n_cross_wall_successes: int | None = Field(None, ge=0)
+    planning_cost: dict[str, Any] | None = None
+    """The MPC energy (``eval.cost``): ``{"cost": "l1"}`` or the reachability head's fit
+    (lensemble.eval.costs.planning_cost); None for the random and oracle controls and older reports."""
 
     @model_validator(mode="before")
     @classmethod

@@ -71,6 +71,12 @@ def render_eval_markdown(report: EvalReport, checkpoint: str | Path, *, split: s
              "Goal protocol: " + ("dataset-goal (start and goal from a held-out behaviour-policy episode)"
                                   if report.goal_source == "dataset" else "strict (goal expert)")
              + " (docs/evaluation.md).", ""]
+    fit = report.planning_cost
+    if fit and fit.get("cost") == "reachability":
+        lines += [f"Planner energy: a reachability head fitted on the {fit['source']} trajectories' latents "
+                  f"({fit['episodes']} episodes, gaps up to {fit['max_gap']} env steps, {fit['aggregate']} "
+                  f"aggregate; held-out rank correlation with the true gap {fit['holdout_spearman']:.2f}) "
+                  "instead of the L1 latent distance (docs/model.md).", ""]
     cross = cross_wall_summary(report)
     if cross is not None:
         on = ("none of them" if cross["success_rate"] is None

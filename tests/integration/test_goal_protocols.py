@@ -95,17 +95,18 @@ def test_outcomes_do_not_depend_on_the_batch(envs, source):
     assert all(r.cross_wall is not None for r in one.records(specs))
 
 
-@pytest.mark.parametrize("policy", ["mpc", "oracle"])
-def test_planned_outcomes_do_not_depend_on_the_batch(tmp_path, policy):
-    """MPC (an untrained micro model) and the oracle on 6 tasks, one episode at a time and 4 side
-    by side: the same records. Each episode draws its planner noise from its own stream
-    (Planner.plan(streams=...)), so the batch it shares decides nothing (CLEAR-LeWM found a
-    batch-shared stream changed 99 of 400 outcomes)."""
+@pytest.mark.parametrize("policy, cost", [("mpc", []), ("mpc", ["eval.cost=reachability", "eval.reach_steps=40"]),
+                                          ("oracle", [])])
+def test_planned_outcomes_do_not_depend_on_the_batch(tmp_path, policy, cost):
+    """MPC (an untrained micro model; with the L1 energy and with a fitted reachability head) and
+    the oracle on 6 tasks, one episode at a time and 4 side by side: the same records. Each
+    episode draws its planner noise from its own stream (Planner.plan(streams=...)), so the batch
+    it shares decides nothing (CLEAR-LeWM found a batch-shared stream changed 99 of 400 outcomes)."""
     from lensemble.artifacts.checkpoint import save_checkpoint
     from lensemble.eval import evaluate
     from lensemble.model.world_model import architecture, build_world_model
 
-    cfg = load_config(["experiment=micro", "eval.budget=20", f"data.root={tmp_path / 'data'}"])
+    cfg = load_config(["experiment=micro", "eval.budget=20", f"data.root={tmp_path / 'data'}", *cost])
     ckpt = tmp_path / "untrained"
     save_checkpoint(ckpt, build_world_model(cfg.model, init_seed=0).state_dict(), kind="world_model",
                     architecture=architecture(cfg.model))
@@ -113,4 +114,9 @@ def test_planned_outcomes_do_not_depend_on_the_batch(tmp_path, policy):
                      parallel=p) for p in (1, 4)]
     one, many = (r.episodes for r in runs)
     assert [e.model_dump() for e in one] == [e.model_dump() for e in many]
+    if cost:  # the head was fitted (the same one both times) and is recorded beside the outcomes
+        fits = [r.planning_cost for r in runs]
+        assert fits[0]["cost"] == "reachability" and fits[0]["source"] == "public"
+        assert {k: v for k, v in fits[0].items() if k != "fit_seconds"} == \
+            {k: v for k, v in fits[1].items() if k != "fit_seconds"}
     assert {e.steps for e in one} != {0}  # the episodes did run

@@ -155,3 +155,17 @@ def test_reports_on_the_same_tasks_pair_episode_by_episode():
         pair_episodes(a, other)
     with pytest.raises(EvaluationError):
         pair_episodes(a, EvalReport(**_fields()))
+
+
+def test_the_planning_energy_is_recorded_and_rendered():
+    from lensemble.report.eval_report import render_eval_markdown
+
+    fit = {"cost": "reachability", "source": "public", "aggregate": "min", "episodes": 36, "max_gap": 50,
+           "final_loss": 2.1, "holdout_spearman": 0.58, "fit_seconds": 3.0}
+    r = EvalReport(**_fields(planning_cost=fit))
+    assert EvalReport.model_validate_json(r.model_dump_json()).planning_cost == fit
+    text = render_eval_markdown(r, "runs/x/checkpoints/step-1", split="heldout", figure="f.png", json_name="r.json")
+    assert "reachability head fitted on the public trajectories" in text and "0.58" in text
+    plain = render_eval_markdown(EvalReport(**_fields(planning_cost={"cost": "l1"})), "runs/x/checkpoints/step-1",
+                                 split="heldout", figure="f.png", json_name="r.json")
+    assert "reachability" not in plain
