@@ -2,6 +2,7 @@
 
     total = λ_pred · MSE(g(z_{<K-1}, a), sg(z_{1:}))  +  λ_sig · SIGReg_A(all latents of the batch)
             + λ_anc · anchor(model)  +  λ_straight · mean_t (1 − cos(z_{t+1} − z_t, z_{t+2} − z_{t+1}))
+            + λ_rollout · MSE(rollout(z_0, a_{0:K-1}), sg(z_{1:}))
 
 The anchor term is pluggable (the gauge package supplies it); the sketch A is passed per call so
 the caller decides its schedule: :func:`sketch_for_step` (fresh every step, single-site) or
@@ -36,6 +37,7 @@ class LossTerms:
     anchor: torch.Tensor
     latents: torch.Tensor | None = None
     straight: torch.Tensor | None = None  # only when λ_straight > 0
+    rollout: torch.Tensor | None = None   # only when λ_rollout > 0
 
     def as_floats(self) -> dict[str, float]:
         """Python floats for logging: {"loss", "pred", "sigreg", "anchor"} (+ "straight")."""
@@ -47,6 +49,8 @@ class LossTerms:
         }
         if self.straight is not None:
             out["straight"] = float(self.straight)
+        if self.rollout is not None:
+            out["rollout"] = float(self.rollout)
         return out
 
 
@@ -139,6 +143,14 @@ class JEPAObjective:
             straight = temporal_straightening(z)
             total = total + cfg.lambda_straight * straight
             straight = straight.detach()
+        roll = None
+        if cfg.lambda_rollout > 0:
+            # Open loop from the first latent alone: the predictor's own predictions are its
+            # inputs after step 1, as in planning (errors compound here, not under teacher forcing).
+            rolled = model.predictor.rollout(z[:, :1], actions.to(z.dtype))
+            roll = F.mse_loss(rolled.float(), target.float())
+            total = total + cfg.lambda_rollout * roll
+            roll = roll.detach()
         return LossTerms(
             total=total,
             pred=pred_loss.detach(),
@@ -146,6 +158,7 @@ class JEPAObjective:
             anchor=anc.detach(),
             latents=z.detach(),
             straight=straight,
+            rollout=roll,
         )
 
 

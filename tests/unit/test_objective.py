@@ -160,3 +160,32 @@ def test_straightening_needs_three_latents_per_clip():
         load_config(["experiment=micro", "objective.lambda_straight=0.1", "train.clip_len=2"])
     assert load_config(["experiment=micro", "objective.lambda_straight=0.1"]).objective.lambda_straight == 0.1
     assert "lambda_straight" not in load_config(["experiment=micro"]).model_dump(mode="json")["objective"]
+
+
+def test_rollout_term_is_the_open_loop_error_and_differs_from_teacher_forcing():
+    """Known answers: the term is MSE(predictor.rollout(z_0, a), sg(z_{1:})); on a 2-frame clip the
+    open loop *is* the one-step prediction (equal terms); on 4 frames it feeds back its own
+    predictions, so it differs from the teacher-forced term; it is weighted into the total."""
+    from lensemble.model.world_model import rotate_latent_basis_
+    from tiny_model import random_orthogonal
+
+    model = build_world_model(tiny_cfg(), init_seed=0)
+    sk = sketch_for_step(0, 0, D, 32)
+    obs, act = clips(k=4)
+    plain = JEPAObjective(obj_cfg())(model, obs, act, sk)
+    terms = JEPAObjective(obj_cfg(lambda_rollout=0.5))(model, obs, act, sk)
+    assert "rollout" not in plain.as_floats() and "rollout" in terms.as_floats()
+    with torch.no_grad():
+        z = model.encoder.encode_frames(obs)
+        want = torch.nn.functional.mse_loss(model.predictor.rollout(z[:, :1], act), z[:, 1:])
+    torch.testing.assert_close(terms.rollout, want)
+    torch.testing.assert_close(terms.total, plain.total + 0.5 * terms.rollout)
+    assert abs(float(terms.rollout) - float(terms.pred)) > 1e-6
+    obs2, act2 = clips(k=2)
+    two = JEPAObjective(obj_cfg(lambda_rollout=1.0))(model, obs2, act2, sk)
+    torch.testing.assert_close(two.rollout, two.pred)
+    # Rotation equivariant like the one-step term: the same loss in a rotated latent basis.
+    rotate_latent_basis_(model, random_orthogonal(D, seed=2))
+    torch.testing.assert_close(JEPAObjective(obj_cfg(lambda_rollout=0.5))(model, obs, act, sk).rollout,
+                               terms.rollout, atol=1e-5, rtol=1e-4)
+    assert "lambda_rollout" not in ObjectiveConfig().model_dump(mode="json")
