@@ -22,6 +22,8 @@ Variants (at one seed all start from the same initial weights and see the same b
     d  model.input_norm=global, model.projector_norm=batchnorm   (the CPU preset now)
     e  d + model.predictor_attention=banded train.clip_len=6
     f  d + objective.lambda_straight=0.1 (temporal straightening)
+    g  d + data.episodes_per_silo=200 (5x the training trajectories, same steps)
+    h  d + objective.lambda_rollout=1.0 (multi-step open-loop rollout loss)
 
 Seed s > 0 trains with ``root_seed=s`` (its own data collection, initial weights and batches)
 under ``<out>/<variant>-s<s>``; seed 0 under ``<out>/<variant>``. The commands behind
@@ -70,6 +72,7 @@ from lensemble.eval.closed_loop import (
     pose_goal,
 )
 from lensemble.eval.goals import GoalProtocol, pose_task
+from lensemble.eval.routes import DOOR_MARGIN, TwoRoomDynamics
 from lensemble.eval.ladder import PROBE_DIMS, LadderSettings, linear_probe_r2, run_ladder
 from lensemble.eval.stats import holm, mcnemar_exact, wilson_interval
 from lensemble.model.encoder import embed_frames
@@ -89,6 +92,21 @@ VARIANTS = {
     # d with temporal straightening (shared/notes/planning-levers.md: Wall MPC 69 -> 96 %), at the top of
     # the published 1e-3..1e-1 range because a 4-latent clip holds only two curvature terms
     "f": ["model.input_norm=global", "model.projector_norm=batchnorm", "objective.lambda_straight=0.1"],
+    # d on 5x the trajectories (200 per silo instead of 40): the same 2000 steps of 64 clips see each
+    # distinct clip ~3.5 times instead of ~18 (a diagnostic rollout of d pushed into the wall passed
+    # through it and drifted along memorised paths)
+    "g": ["model.input_norm=global", "model.projector_norm=batchnorm", "data.episodes_per_silo=200"],
+    # d with the multi-step rollout loss (shared/notes/planning-levers.md: 2-6 unroll steps), 3 open-loop
+    # steps per 4-latent clip at the one-step term's weight
+    "h": ["model.input_norm=global", "model.projector_norm=batchnorm", "objective.lambda_rollout=1.0"],
+}
+#: Planner energies an arm can be scored with (eval overrides; docs/evaluation.md "Planner energy").
+COSTS = {
+    "l1": [],
+    "reach-public": ["eval.cost=reachability", "eval.reach_source=public"],
+    "reach-pooled": ["eval.cost=reachability", "eval.reach_source=pooled"],
+    "reach-public-min": ["eval.cost=reachability", "eval.reach_source=public", "eval.reach_aggregate=min"],
+    "reach-pooled-min": ["eval.cost=reachability", "eval.reach_source=pooled", "eval.reach_aggregate=min"],
 }
 PCA_COMPONENTS = 64
 ROBUSTNESS_TASKS = 50
@@ -181,6 +199,7 @@ def closed_loop(ckpt, cfg, episodes: int, policy: str, parallel: int = 8) -> dic
     return {"success": [bool(e.success) for e in eps], "route_valid": [e.route_valid for e in eps],
             "final_distance": [e.final_distance for e in eps], "start_distance": [e.start_distance for e in eps],
             "goal_spec_hash": rep.goal_spec_hash, "time_per_action_ms": rep.time_per_action_ms,
+            "planning_cost": rep.planning_cost,
             "cpu_seconds": round(cpu_seconds() - c0, 1), "wall_seconds": round(time.perf_counter() - w0, 1)}
 
 
@@ -249,6 +268,77 @@ def robustness(ckpt, pairs, img_size: int) -> dict:
     return out
 
 
+WALL_BAND = (10.0, 30.0)  # start |x - wall| in px: close enough that 4 latent steps reach the wall
+BLOCKED_OFF_DOOR = 40.0   # |y - door y| beyond this the wall is solid for any radius and speed
+DOOR_ON = 6.0             # |y - door y| below this the way through is open
+WALL_STEPS = 4            # latent steps of the push (20 env steps at action_block 5)
+
+
+def crossed(start_x: np.ndarray, final_x: np.ndarray, wall: float = 112.0) -> np.ndarray:
+    """Whether each trajectory ended on the other side of the (vertical) wall's centre line."""
+    return np.sign(np.asarray(start_x) - wall) != np.sign(np.asarray(final_x) - wall)
+
+
+def wall_probe(ckpt, cfg, max_starts: int = 200) -> dict:
+    """Does the model know the wall? From held-out frames near TwoRoom's wall, push straight at it
+    for WALL_STEPS latent steps; decode the predicted final latent with a ridge probe (latent ->
+    agent x, y, fitted on the training frames) and count crossings, against the env's own dynamics
+    (routes.TwoRoomDynamics, each start's own door) from the same starts and actions. "blocked"
+    starts face solid wall (true crossing rate 0: a model that crosses ignores the wall); "door"
+    starts face the opening (the env crosses: a model that does not cannot plan through it).
+    Diagnostic only: the state is read here, never in training or in the planner's cost."""
+    ck = load_checkpoint(ckpt)
+    model = world_model_from_state(ck.architecture, ck.tensors).eval()
+    eval_batch, train = load_split(cfg, "heldout", progress=False)
+    obs_tr = np.concatenate([b.obs.reshape(-1, *b.obs.shape[-3:]) for b in train])
+    st_tr = np.concatenate([b.state.reshape(-1, b.state.shape[-1]) for b in train])
+    keep = np.linspace(0, obs_tr.shape[0] - 1, min(4096, obs_tr.shape[0])).round().astype(int)
+    chw = lambda o: torch.from_numpy(np.ascontiguousarray(o)).permute(0, 3, 1, 2)  # noqa: E731
+    with torch.inference_mode():
+        z_tr = embed_frames(model.encoder, chw(obs_tr[keep])).double()
+    x_tr = torch.cat([z_tr, torch.ones(len(keep), 1, dtype=torch.float64)], 1)
+    w = torch.linalg.solve(x_tr.T @ x_tr + 1e-3 * torch.eye(x_tr.shape[1], dtype=torch.float64),
+                           x_tr.T @ torch.from_numpy(st_tr[keep, :2]).double())
+    obs = eval_batch.obs.reshape(-1, *eval_batch.obs.shape[-3:])
+    st = eval_batch.state.reshape(-1, eval_batch.state.shape[-1])
+    env = make_env(cfg.env.id, cfg.model.img_size)
+    try:
+        env.reset(seed=0)
+        base = TwoRoomDynamics.from_envs([env])
+        size = float(env.unwrapped.door_sizes[0])
+    finally:
+        env.close()
+    wall = base.center
+    gap = np.abs(st[:, 0] - wall)
+    near = (gap >= WALL_BAND[0]) & (gap <= WALL_BAND[1]) & (st[:, 4] == wall)  # a vertical wall's door at x = wall
+    off = np.abs(st[:, 1] - st[:, 5])
+    out = {"steps": WALL_STEPS, "probe": "ridge latent -> (x, y) on the training frames"}
+    block = model.cfg.action_block
+    for name, sel in (("blocked", near & (off > BLOCKED_OFF_DOOR)), ("door", near & (off < DOOR_ON))):
+        idx = np.flatnonzero(sel)
+        idx = idx[np.linspace(0, len(idx) - 1, min(max_starts, len(idx))).round().astype(int)] if len(idx) else idx
+        if not len(idx):
+            out[name] = {"n": 0}
+            continue
+        n = len(idx)
+        toward = np.where(st[idx, 0] < wall, 1.0, -1.0).astype(np.float32)
+        acts = torch.zeros(n, WALL_STEPS, block, 2)
+        acts[..., 0] = torch.from_numpy(toward)[:, None, None]
+        acts = acts.reshape(n, WALL_STEPS, block * 2)
+        dyn = base.take(torch.zeros(n, dtype=torch.long))
+        door_y = torch.from_numpy(st[idx, 5]).double()[:, None]
+        dyn.door_lo, dyn.door_hi = door_y - size - DOOR_MARGIN, door_y + size + DOOR_MARGIN
+        true_final = dyn.rollout(torch.from_numpy(st[idx, :2]), acts, block)[:, -1].numpy()
+        with torch.inference_mode():
+            z0 = embed_frames(model.encoder, chw(obs[idx]))
+            pred = model.predictor.rollout(z0[:, None], acts)[:, -1].double()
+        dec = (torch.cat([pred, torch.ones(n, 1, dtype=torch.float64)], 1) @ w).numpy()
+        out[name] = {"n": n, "model_crossed": float(crossed(st[idx, 0], dec[:, 0], wall).mean()),
+                     "true_crossed": float(crossed(st[idx, 0], true_final[:, 0], wall).mean()),
+                     "decoded_x_error_px": float(np.abs(dec[:, 0] - true_final[:, 0]).mean())}
+    return out
+
+
 # ------------------------------------------------------------------------------------- stats
 def rate(successes: list[bool]) -> dict:
     k, n = int(sum(successes)), len(successes)
@@ -281,10 +371,13 @@ def write_report(out: Path, result: dict) -> None:
              f"Linear position probe on a {PCA_COMPONENTS}-component PCA of raw pixels: "
              f"R² {result['pixel_pca_probe']['probe_r2']:.3f}.", "",
              "| arm | success | Wilson 95 % | route-valid | cross-wall | probe R² | eff. dim | latent std "
-             "| one-step / copy | resize shift | brightness shift | ms / action | train CPU-s | eval CPU-s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| one-step / copy | resize shift | brightness shift | through solid wall | through door "
+             "| ms / action | train CPU-s | eval CPU-s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, arm in result["arms"].items():
         r, lad, rob = arm["rate"], arm.get("ladder") or {}, arm.get("robustness") or {}
+        wall = arm.get("wall") or {}
+        leak, door = (wall.get(k, {}).get("model_crossed") for k in ("blocked", "door"))
         cw, rv = arm.get("cross_wall_rate"), arm["route_valid_rate"]
         lines.append(
             f"| {name} | {r['successes']}/{r['n']} = {r['rate']:.0%} | [{r['wilson_95'][0]:.0%}, {r['wilson_95'][1]:.0%}] "
@@ -292,6 +385,7 @@ def write_report(out: Path, result: dict) -> None:
             f"| {fmt(lad.get('effective_dim'), '.1f')} | {fmt(lad.get('latent_std'))} "
             f"| {fmt(lad.get('one_step_error'))} / {fmt(lad.get('copy_last_error'))} "
             f"| {fmt(rob.get('resize_ratio_median'), '.2f')} | {fmt(rob.get('brightness_ratio_median'), '.2f')} "
+            f"| {fmt(leak, '.0%')} | {fmt(door, '.0%')} "
             f"| {fmt(arm.get('time_per_action_ms'), '.1f')} | {arm.get('train_cpu_seconds', '–')} | {arm.get('eval_cpu_seconds', '–')} |")
     if result.get("pooled"):
         lines += ["", "Per variant over training seeds (each seed on the same tasks; the pooled interval treats "
@@ -302,6 +396,9 @@ def write_report(out: Path, result: dict) -> None:
             lines.append(f"| {row['variant']} | {', '.join(map(str, row['seeds']))} | "
                          f"{', '.join(f'{x:.0%}' for x in row['per_seed_rate'])} | {pr['successes']}/{pr['n']} = "
                          f"{pr['rate']:.0%} | [{pr['wilson_95'][0]:.0%}, {pr['wilson_95'][1]:.0%}] |")
+    lines += ["", "Through solid wall / through door: share of held-out starts near the wall, pushed straight at it "
+              f"for {WALL_STEPS} latent steps, whose predicted final latent decodes (ridge probe) on the other side; "
+              "the env's own dynamics give 0 % and 100 % from the same starts (wall_probe)."]
     lines += ["", "Shifts: median over tasks of ||Δz|| / ||z_start − z_goal||. Paired comparisons on the shared "
               "tasks (exact McNemar, two-sided; Holm over the variant pairs):", "",
               "| A vs B | A only | B only | p | p (Holm) |", "|---|---|---|---|---|"]
@@ -332,6 +429,8 @@ def main() -> None:
     ap.add_argument("--protocol", default="strict", choices=("strict", "dataset_goal"),
                     help="evaluation protocol (configs/eval/<protocol>.yaml); training is unaffected")
     ap.add_argument("--oracle", action="store_true", help="also score the true-simulator oracle (TwoRoom)")
+    ap.add_argument("--costs", default="l1",
+                    help=f"planner energies to score every trained arm with, comma-separated, of {sorted(COSTS)}")
     ap.add_argument("--stage", choices=("all", "train", "eval"), default="all")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
@@ -342,6 +441,9 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
     seeds = parse_seeds(args.seeds)
+    costs = [c.strip() for c in args.costs.split(",") if c.strip()]
+    if not costs or any(c not in COSTS for c in costs):
+        raise SystemExit(f"--costs takes a comma-separated subset of {sorted(COSTS)}, got {args.costs!r}")
     torch.set_num_threads(1)
 
     if args.stage in ("all", "train"):
@@ -373,16 +475,23 @@ def main() -> None:
         save_checkpoint(untrained_dir, build_world_model(untrained_cfg, init_seed=123).state_dict(),
                         kind="world_model", architecture=architecture(untrained_cfg))
 
-    runs = {"random actions": (untrained_dir, "random"), "untrained model, CEM": (untrained_dir, "mpc")}
+    # name -> (checkpoint, policy, cache key, config); the floors' keys are the first pilot's.
+    runs = {"random actions": (untrained_dir, "random", "random-actions", cfg),
+            "untrained model, CEM": (untrained_dir, "mpc", "untrained-model-CEM", cfg)}
     if args.oracle and cfg.env.id == TWOROOM:  # the only env whose true dynamics the oracle can batch
-        runs["oracle (true dynamics), CEM"] = (untrained_dir, "oracle")
+        runs["oracle (true dynamics), CEM"] = (untrained_dir, "oracle", "oracle-(true-dynamics)-CEM", cfg)
+    cost_cfgs = {c: load_config([f"run_dir={out}", *args.overrides, *protocol, *COSTS[c]]) for c in costs}
     trained: dict[str, dict] = {}
     for seed in seeds:
         for v in variants:
-            rec_path = out / arm_key(v, seed) / "train.json"
+            key = arm_key(v, seed)
+            rec_path = out / key / "train.json"
             if rec_path.exists():
-                trained[arm_key(v, seed)] = json.loads(rec_path.read_text())
-                runs[variant_label(v, seed)] = (trained[arm_key(v, seed)]["checkpoint"], "mpc")
+                trained[key] = json.loads(rec_path.read_text())
+                for c in costs:  # l1 keeps the first pilot's name and cache key
+                    suffix = ("", "") if c == "l1" else (f" + {c}", f"+{c}")
+                    runs[variant_label(v, seed) + suffix[0]] = (trained[key]["checkpoint"], "mpc", key + suffix[1],
+                                                                cost_cfgs[c])
 
     tag = f"{args.protocol}-{args.episodes}"
     first = cached(f"loop-random-actions-{tag}", lambda: closed_loop(untrained_dir, cfg, args.episodes, "random"))
@@ -397,9 +506,8 @@ def main() -> None:
     pairs = native_pairs(cfg, specs, ROBUSTNESS_TASKS) if tworoom else None
 
     arms: dict[str, dict] = {}
-    for name, (ckpt, policy) in runs.items():
-        key = name.split(")")[0].strip("(") if name.startswith("(") else name.replace(" ", "-").replace(",", "")
-        loop = cached(f"loop-{key}-{tag}", lambda c=ckpt, p=policy: closed_loop(c, cfg, args.episodes, p))
+    for name, (ckpt, policy, key, arm_cfg) in runs.items():
+        loop = cached(f"loop-{key}-{tag}", lambda c=ckpt, p=policy, k=arm_cfg: closed_loop(c, k, args.episodes, p))
         if loop["goal_spec_hash"] != gsh:
             raise SystemExit(f"{name}: scored on goal-spec {loop['goal_spec_hash'][:12]}, the pilot's is {gsh[:12]}")
         valid = [bool(s and (r is None or r)) for s, r in zip(loop["success"], loop["route_valid"], strict=True)]
@@ -408,8 +516,12 @@ def main() -> None:
                "time_per_action_ms": loop["time_per_action_ms"],
                "mean_final_distance": float(np.mean(loop["final_distance"])),
                "cross_wall_rate": [int(sum(s for s, c in zip(loop["success"], cross, strict=True) if c)), int(sum(cross))]}
+        if loop.get("planning_cost"):
+            arm["planning_cost"] = loop["planning_cost"]
         if policy == "mpc" and key in trained:
             arm["ladder"] = cached(f"ladder-{key}", lambda c=ckpt: ladder(c, cfg))
+            if tworoom:
+                arm["wall"] = cached(f"wall-{key}", lambda c=ckpt: wall_probe(c, cfg))
             if pairs is not None:
                 arm["robustness"] = cached(f"robustness-{key}-{ROBUSTNESS_TASKS}-{gsh[:12]}",
                                            lambda c=ckpt: robustness(c, pairs, cfg.model.img_size))

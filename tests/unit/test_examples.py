@@ -33,3 +33,83 @@ def test_pilot_variants_compose_into_valid_configs():
     assert planning_pilot.report_stem("strict") == "pilot"
     with pytest.raises(SystemExit):
         planning_pilot.parse_seeds("1,x")
+
+
+def _partition_pilot():
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import partition_pilot
+    finally:
+        sys.path.pop(0)
+    return partition_pilot
+
+
+def test_partition_pilot_plan_only_prints_cpu_hours_that_scale_with_steps(capsys):
+    import re
+
+    pilot = _partition_pilot()
+
+    def total_hours(*argv):
+        assert pilot.main(["--plan-only", *argv]) is None
+        found = re.search(r"Total: ([0-9.]+) CPU-hours", capsys.readouterr().out)
+        assert found, "no CPU-hours figure"
+        return float(found.group(1))
+
+    # the defaults: 4 candidates x (0.55 x (300 + 3 x 1500) + 4.5 x 4 x 100) CPU-s
+    assert total_hours() == pytest.approx(4 * 4440 / 3600, abs=0.01)
+    short, long = total_hours("--factors", "agent.speed", "--steps", "1000"), \
+        total_hours("--factors", "agent.speed", "--steps", "3000")
+    assert long - short == pytest.approx(3 * 2000 * 0.55 / 3600, abs=0.01)  # central + 2 locals
+
+
+def test_partition_pilot_runs_every_arm_on_shared_tasks_and_resumes_from_its_cache(tmp_path, monkeypatch):
+    import json
+
+    pilot = _partition_pilot()
+    out = tmp_path / "out"
+    argv = ["--out", str(out), "--factors", "agent.speed", "--warmstart-steps", "5", "--steps", "5",
+            "--episodes", "2", "experiment=micro", "eval.budget=5", f"data.root={tmp_path / 'data'}"]
+    first = pilot.main(argv)
+    result = json.loads((out / "partition-pilot.json").read_text())
+    assert (out / "partition-pilot.md").read_text().startswith("# Partition pilot")
+    cand = result["candidates"]["agent.speed"]
+    assert set(cand["arms"]) == {"warmstart", "central", "local-0", "local-1", "random"}
+    assert {len(a["success"]) for a in cand["arms"].values()} == {2}
+    assert all(t["owner"] in (0, 1) for t in cand["tasks"])  # every held-out task is one silo's conditions
+    assert cand["gap"]["estimate"] == pytest.approx(
+        sum(cand["arms"]["central"]["success"]) / 2
+        - sum(cand["arms"]["local-0"]["success"] + cand["arms"]["local-1"]["success"]) / 4)
+    assert [r["factor"] for r in result["ranking"]] == ["agent.speed"]
+    assert len(cand["phi"]) == 10  # every pair of the five arms
+    warm = json.loads((out / "agent.speed" / "central" / "train.json").read_text())["init_checkpoint_hash"]
+    assert warm == json.loads((out / "agent.speed" / "warmstart" / "train.json").read_text())["checkpoint_hash"]
+
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*.json") if p.name == "train.json" or "cache" in p.parts}
+    assert len(stamps) == 4 + 5  # four trained stages, five scored arms
+
+    def boom(*a, **k):
+        raise AssertionError("a cached stage ran again")
+
+    for name in ("train_local", "train_warmstart", "evaluate"):
+        monkeypatch.setattr(pilot, name, boom)
+    again = pilot.main(argv)
+    assert again["candidates"]["agent.speed"]["arms"] == first["candidates"]["agent.speed"]["arms"]
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    with pytest.raises(SystemExit, match="other settings"):  # a changed warm start is never mixed in
+        pilot.main([*argv[:4], "--warmstart-steps", "6", *argv[6:]])
+
+
+def test_planning_pilot_costs_compose_and_the_wall_crossing_rule():
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import planning_pilot
+    finally:
+        sys.path.pop(0)
+    from lensemble.config import load_config
+
+    for name, overrides in planning_pilot.COSTS.items():
+        cfg = load_config(["experiment=micro", *overrides])
+        assert cfg.eval.cost == ("l1" if name == "l1" else "reachability")
+    # crossed: the sign of x - wall changed (either direction); staying on one side is no crossing
+    got = planning_pilot.crossed([100.0, 100.0, 130.0, 130.0], [120.0, 105.0, 90.0, 140.0], wall=112.0)
+    assert got.tolist() == [True, False, True, False]
