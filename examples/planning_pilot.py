@@ -24,6 +24,7 @@ Variants (at one seed all start from the same initial weights and see the same b
     f  d + objective.lambda_straight=0.1 (temporal straightening)
     g  d + data.episodes_per_silo=200 (5x the training trajectories, same steps)
     h  d + objective.lambda_rollout=1.0 (multi-step open-loop rollout loss)
+    i  h + data.episodes_per_silo=200 (both)
 
 Seed s > 0 trains with ``root_seed=s`` (its own data collection, initial weights and batches)
 under ``<out>/<variant>-s<s>``; seed 0 under ``<out>/<variant>``. The commands behind
@@ -99,6 +100,9 @@ VARIANTS = {
     # d with the multi-step rollout loss (shared/notes/planning-levers.md: 2-6 unroll steps), 3 open-loop
     # steps per 4-latent clip at the one-step term's weight
     "h": ["model.input_norm=global", "model.projector_norm=batchnorm", "objective.lambda_rollout=1.0"],
+    # the two levers that moved planning, together: h on g's 5x trajectories
+    "i": ["model.input_norm=global", "model.projector_norm=batchnorm", "objective.lambda_rollout=1.0",
+          "data.episodes_per_silo=200"],
 }
 #: Planner energies an arm can be scored with (eval overrides; docs/evaluation.md "Planner energy").
 COSTS = {
@@ -274,68 +278,83 @@ DOOR_ON = 6.0             # |y - door y| below this the way through is open
 WALL_STEPS = 4            # latent steps of the push (20 env steps at action_block 5)
 
 
-def crossed(start_x: np.ndarray, final_x: np.ndarray, wall: float = 112.0) -> np.ndarray:
-    """Whether each trajectory ended on the other side of the (vertical) wall's centre line."""
-    return np.sign(np.asarray(start_x) - wall) != np.sign(np.asarray(final_x) - wall)
+def closer_to_alternative(z_pred: torch.Tensor, z_true: torch.Tensor, z_alt: torch.Tensor) -> torch.Tensor:
+    """(N,) bool: the predicted latent lies nearer the alternative outcome's latent than the true one's."""
+    return (z_pred - z_alt).norm(dim=-1) < (z_pred - z_true).norm(dim=-1)
 
 
-def wall_probe(ckpt, cfg, max_starts: int = 200) -> dict:
+def wall_probe(ckpt, cfg, max_starts: int = 100) -> dict:
     """Does the model know the wall? From held-out frames near TwoRoom's wall, push straight at it
-    for WALL_STEPS latent steps; decode the predicted final latent with a ridge probe (latent ->
-    agent x, y, fitted on the training frames) and count crossings, against the env's own dynamics
-    (routes.TwoRoomDynamics, each start's own door) from the same starts and actions. "blocked"
-    starts face solid wall (true crossing rate 0: a model that crosses ignores the wall); "door"
-    starts face the opening (the env crosses: a model that does not cannot plan through it).
-    Diagnostic only: the state is read here, never in training or in the planner's cost."""
+    for WALL_STEPS latent steps and compare the predicted final latent, in the model's own latent
+    space, with the latents of two rendered outcomes from the same start and actions: the true one
+    (the env's own dynamics, routes.TwoRoomDynamics) and the alternative a model that got the wall
+    wrong would predict. "blocked" starts face solid wall: the truth stops at it, the alternative
+    passes through it (free motion); "door" starts face the opening: the truth passes, the
+    alternative stops as if the door were shut. Reported per kind: the share of starts whose
+    prediction lies nearer the alternative (0 for a model that knows the wall), and the median
+    distance to the truth relative to the distance between the two outcomes. Frames are rendered
+    with each start's own episode factors (agent colour) through the adapter's render (area
+    resize, as in training). Diagnostic only: the state is read here, never in training or cost."""
     ck = load_checkpoint(ckpt)
     model = world_model_from_state(ck.architecture, ck.tensors).eval()
-    eval_batch, train = load_split(cfg, "heldout", progress=False)
-    obs_tr = np.concatenate([b.obs.reshape(-1, *b.obs.shape[-3:]) for b in train])
-    st_tr = np.concatenate([b.state.reshape(-1, b.state.shape[-1]) for b in train])
-    keep = np.linspace(0, obs_tr.shape[0] - 1, min(4096, obs_tr.shape[0])).round().astype(int)
-    chw = lambda o: torch.from_numpy(np.ascontiguousarray(o)).permute(0, 3, 1, 2)  # noqa: E731
-    with torch.inference_mode():
-        z_tr = embed_frames(model.encoder, chw(obs_tr[keep])).double()
-    x_tr = torch.cat([z_tr, torch.ones(len(keep), 1, dtype=torch.float64)], 1)
-    w = torch.linalg.solve(x_tr.T @ x_tr + 1e-3 * torch.eye(x_tr.shape[1], dtype=torch.float64),
-                           x_tr.T @ torch.from_numpy(st_tr[keep, :2]).double())
-    obs = eval_batch.obs.reshape(-1, *eval_batch.obs.shape[-3:])
-    st = eval_batch.state.reshape(-1, eval_batch.state.shape[-1])
+    eval_batch, _ = load_split(cfg, "heldout", progress=False)
+    n_ep, t1 = eval_batch.obs.shape[:2]
+    obs = eval_batch.obs.reshape(n_ep * t1, *eval_batch.obs.shape[2:])
+    st = eval_batch.state.reshape(n_ep * t1, -1)
+    episode = np.arange(n_ep * t1) // t1
+    chw = lambda o: torch.from_numpy(np.ascontiguousarray(np.stack(o))).permute(0, 3, 1, 2)  # noqa: E731
     env = make_env(cfg.env.id, cfg.model.img_size)
+    out = {"steps": WALL_STEPS, "measure": "nearer the alternative outcome's latent than the true one's"}
     try:
         env.reset(seed=0)
         base = TwoRoomDynamics.from_envs([env])
         size = float(env.unwrapped.door_sizes[0])
+        wall = base.center
+        gap = np.abs(st[:, 0] - wall)
+        near = (gap >= WALL_BAND[0]) & (gap <= WALL_BAND[1]) & (st[:, 4] == wall)  # the vertical wall's door
+        off = np.abs(st[:, 1] - st[:, 5])
+        block = model.cfg.action_block
+        for name, sel in (("blocked", near & (off > BLOCKED_OFF_DOOR)), ("door", near & (off < DOOR_ON))):
+            idx = np.flatnonzero(sel)
+            if not len(idx):
+                out[name] = {"n": 0}
+                continue
+            idx = idx[np.linspace(0, len(idx) - 1, min(max_starts, len(idx))).round().astype(int)]
+            n = len(idx)
+            toward = torch.from_numpy(np.where(st[idx, 0] < wall, 1.0, -1.0).astype(np.float32))
+            acts = torch.zeros(n, WALL_STEPS, block, 2)
+            acts[..., 0] = toward[:, None, None]
+            acts = acts.reshape(n, WALL_STEPS, block * 2)
+            start = torch.from_numpy(st[idx, :2])
+            door_y = torch.from_numpy(st[idx, 5]).double()[:, None]
+            dyn = base.take(torch.zeros(n, dtype=torch.long))
+            dyn.door_lo, dyn.door_hi = door_y - size - DOOR_MARGIN, door_y + size + DOOR_MARGIN
+            truth = dyn.rollout(start, acts, block)[:, -1]
+            if name == "blocked":  # free motion straight through the wall, inside the borders
+                lo, hi = base.border + dyn.radius, base.img - base.border - dyn.radius
+                free_x = start[:, 0].double() + toward.double() * dyn.speed.double() * WALL_STEPS * block
+                alt = torch.stack([torch.minimum(torch.maximum(free_x, lo), hi).float(), start[:, 1]], 1)
+            else:  # the same push with the door shut
+                shut = base.take(torch.zeros(n, dtype=torch.long))
+                shut.door_lo = torch.full_like(dyn.door_lo, torch.inf)
+                shut.door_hi = torch.full_like(dyn.door_hi, -torch.inf)
+                alt = shut.rollout(start, acts, block)[:, -1]
+            frames = {"truth": [], "alt": []}
+            for k, i in enumerate(idx):
+                env.reset(seed=0, factors=eval_batch.factors[episode[i]])
+                for key, pos in (("truth", truth[k]), ("alt", alt[k])):
+                    env.set_state(pos.numpy())
+                    frames[key].append(env.render())
+            with torch.inference_mode():
+                z_true, z_alt = embed_frames(model.encoder, chw(frames["truth"])), embed_frames(model.encoder, chw(frames["alt"]))
+                z_pred = model.predictor.rollout(embed_frames(model.encoder, chw(obs[idx]))[:, None], acts)[:, -1]
+            rel = ((z_pred - z_true).norm(dim=-1) / (z_alt - z_true).norm(dim=-1).clamp_min(1e-12)).numpy()
+            out[name] = {"n": n, "nearer_alternative": float(closer_to_alternative(z_pred, z_true, z_alt).float().mean()),
+                         "median_error_to_truth_rel": float(np.median(rel)),
+                         "true_moved_px": float((truth - start).norm(dim=1).mean()),
+                         "alternative_moved_px": float((alt - start).norm(dim=1).mean())}
     finally:
         env.close()
-    wall = base.center
-    gap = np.abs(st[:, 0] - wall)
-    near = (gap >= WALL_BAND[0]) & (gap <= WALL_BAND[1]) & (st[:, 4] == wall)  # a vertical wall's door at x = wall
-    off = np.abs(st[:, 1] - st[:, 5])
-    out = {"steps": WALL_STEPS, "probe": "ridge latent -> (x, y) on the training frames"}
-    block = model.cfg.action_block
-    for name, sel in (("blocked", near & (off > BLOCKED_OFF_DOOR)), ("door", near & (off < DOOR_ON))):
-        idx = np.flatnonzero(sel)
-        idx = idx[np.linspace(0, len(idx) - 1, min(max_starts, len(idx))).round().astype(int)] if len(idx) else idx
-        if not len(idx):
-            out[name] = {"n": 0}
-            continue
-        n = len(idx)
-        toward = np.where(st[idx, 0] < wall, 1.0, -1.0).astype(np.float32)
-        acts = torch.zeros(n, WALL_STEPS, block, 2)
-        acts[..., 0] = torch.from_numpy(toward)[:, None, None]
-        acts = acts.reshape(n, WALL_STEPS, block * 2)
-        dyn = base.take(torch.zeros(n, dtype=torch.long))
-        door_y = torch.from_numpy(st[idx, 5]).double()[:, None]
-        dyn.door_lo, dyn.door_hi = door_y - size - DOOR_MARGIN, door_y + size + DOOR_MARGIN
-        true_final = dyn.rollout(torch.from_numpy(st[idx, :2]), acts, block)[:, -1].numpy()
-        with torch.inference_mode():
-            z0 = embed_frames(model.encoder, chw(obs[idx]))
-            pred = model.predictor.rollout(z0[:, None], acts)[:, -1].double()
-        dec = (torch.cat([pred, torch.ones(n, 1, dtype=torch.float64)], 1) @ w).numpy()
-        out[name] = {"n": n, "model_crossed": float(crossed(st[idx, 0], dec[:, 0], wall).mean()),
-                     "true_crossed": float(crossed(st[idx, 0], true_final[:, 0], wall).mean()),
-                     "decoded_x_error_px": float(np.abs(dec[:, 0] - true_final[:, 0]).mean())}
     return out
 
 
@@ -371,13 +390,13 @@ def write_report(out: Path, result: dict) -> None:
              f"Linear position probe on a {PCA_COMPONENTS}-component PCA of raw pixels: "
              f"R² {result['pixel_pca_probe']['probe_r2']:.3f}.", "",
              "| arm | success | Wilson 95 % | route-valid | cross-wall | probe R² | eff. dim | latent std "
-             "| one-step / copy | resize shift | brightness shift | through solid wall | through door "
+             "| one-step / copy | resize shift | brightness shift | through solid wall | stops at door "
              "| ms / action | train CPU-s | eval CPU-s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, arm in result["arms"].items():
         r, lad, rob = arm["rate"], arm.get("ladder") or {}, arm.get("robustness") or {}
         wall = arm.get("wall") or {}
-        leak, door = (wall.get(k, {}).get("model_crossed") for k in ("blocked", "door"))
+        leak, door = (wall.get(k, {}).get("nearer_alternative") for k in ("blocked", "door"))
         cw, rv = arm.get("cross_wall_rate"), arm["route_valid_rate"]
         lines.append(
             f"| {name} | {r['successes']}/{r['n']} = {r['rate']:.0%} | [{r['wilson_95'][0]:.0%}, {r['wilson_95'][1]:.0%}] "
@@ -396,9 +415,10 @@ def write_report(out: Path, result: dict) -> None:
             lines.append(f"| {row['variant']} | {', '.join(map(str, row['seeds']))} | "
                          f"{', '.join(f'{x:.0%}' for x in row['per_seed_rate'])} | {pr['successes']}/{pr['n']} = "
                          f"{pr['rate']:.0%} | [{pr['wilson_95'][0]:.0%}, {pr['wilson_95'][1]:.0%}] |")
-    lines += ["", "Through solid wall / through door: share of held-out starts near the wall, pushed straight at it "
-              f"for {WALL_STEPS} latent steps, whose predicted final latent decodes (ridge probe) on the other side; "
-              "the env's own dynamics give 0 % and 100 % from the same starts (wall_probe)."]
+    lines += ["", "Through solid wall / shut door: held-out starts near the wall pushed straight at it for "
+              f"{WALL_STEPS} latent steps; the share whose predicted final latent lies nearer the latent of the "
+              "wrong outcome (rendered: passing through solid wall / stopping at an open door) than of the true one "
+              "(the env's own dynamics). 0 % for a model that knows the wall (wall_probe)."]
     lines += ["", "Shifts: median over tasks of ||Δz|| / ||z_start − z_goal||. Paired comparisons on the shared "
               "tasks (exact McNemar, two-sided; Holm over the variant pairs):", "",
               "| A vs B | A only | B only | p | p (Holm) |", "|---|---|---|---|---|"]
@@ -521,7 +541,7 @@ def main() -> None:
         if policy == "mpc" and key in trained:
             arm["ladder"] = cached(f"ladder-{key}", lambda c=ckpt: ladder(c, cfg))
             if tworoom:
-                arm["wall"] = cached(f"wall-{key}", lambda c=ckpt: wall_probe(c, cfg))
+                arm["wall"] = cached(f"wall-v2-{key}", lambda c=ckpt: wall_probe(c, cfg))
             if pairs is not None:
                 arm["robustness"] = cached(f"robustness-{key}-{ROBUSTNESS_TASKS}-{gsh[:12]}",
                                            lambda c=ckpt: robustness(c, pairs, cfg.model.img_size))

@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("script", ["planning_pilot.py", "central_quality.py"])
+@pytest.mark.parametrize("script", ["planning_pilot.py", "central_quality.py", "partition_pilot.py", "bn_federation_pilot.py"])
 def test_example_imports_and_shows_its_help(script):
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--help"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
@@ -99,7 +99,7 @@ def test_partition_pilot_runs_every_arm_on_shared_tasks_and_resumes_from_its_cac
         pilot.main([*argv[:4], "--warmstart-steps", "6", *argv[6:]])
 
 
-def test_planning_pilot_costs_compose_and_the_wall_crossing_rule():
+def test_planning_pilot_costs_compose_and_the_wall_probe_rule():
     sys.path.insert(0, str(ROOT / "examples"))
     try:
         import planning_pilot
@@ -110,6 +110,9 @@ def test_planning_pilot_costs_compose_and_the_wall_crossing_rule():
     for name, overrides in planning_pilot.COSTS.items():
         cfg = load_config(["experiment=micro", *overrides])
         assert cfg.eval.cost == ("l1" if name == "l1" else "reachability")
-    # crossed: the sign of x - wall changed (either direction); staying on one side is no crossing
-    got = planning_pilot.crossed([100.0, 100.0, 130.0, 130.0], [120.0, 105.0, 90.0, 140.0], wall=112.0)
-    assert got.tolist() == [True, False, True, False]
+    # the wall probe's rule: a prediction counts against the model when it lies nearer the wrong outcome
+    import torch
+
+    truth, alt = torch.zeros(3, 2), torch.tensor([[1.0, 0.0]] * 3)
+    pred = torch.tensor([[0.2, 0.0], [0.8, 0.0], [0.5, 0.1]])
+    assert planning_pilot.closer_to_alternative(pred, truth, alt).tolist() == [False, True, False]
