@@ -25,6 +25,8 @@ so re-running resumes. Command behind docs/model.md ("BatchNorm statistics under
 
     nice -n 19 .venv/bin/python examples/bn_federation_pilot.py --out runs/bn-pilot --episodes 100
 
+(``--engine`` inprocess by default: the same rounds as Flower's engines without Ray's processes.)
+
 Cost on the 2-core box: two runs of ~10 CPU-minutes each (the second reuses the warm start),
 five evaluations of ~4.5 CPU-s per episode.
 """
@@ -57,12 +59,12 @@ GAUGE_KEYS = ("gauge/drift_angle_deg", "gauge/drift_subspace_angle_deg", "gauge/
               "gauge/global_effective_dim", "loss/pred")
 
 
-def run_federation(out: Path, setting: str, base: list[str], warmstart: str | None) -> dict:
+def run_federation(out: Path, setting: str, base: list[str], warmstart: str | None, engine: str) -> dict:
     """`lensemble run --no-eval` in ``<out>/<setting>`` (cached by its summary.json)."""
     run_dir = out / setting
     summary = run_dir / "summary.json"
     if not summary.exists():
-        args = [sys.executable, "-m", "lensemble", "run", "--no-eval", f"run_dir={run_dir}",
+        args = [sys.executable, "-m", "lensemble", "run", "--no-eval", "--engine", engine, f"run_dir={run_dir}",
                 f"federation.bn_recalibration={setting}", *base]
         if warmstart:
             args.append(f"federation.warmstart={warmstart}")
@@ -107,6 +109,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/bn-pilot")
     ap.add_argument("--episodes", type=int, default=100)
+    # inprocess: the same rounds without Ray's processes (the engines agree round for round,
+    # tests/integration); on a loaded 2-core box Ray's start-up and workers cost more than the training
+    ap.add_argument("--engine", default="inprocess", choices=("inprocess", "flower-inprocess", "ray"))
     ap.add_argument("overrides", nargs="*", help="config overrides for both runs and the evaluation")
     args = ap.parse_args()
     out = Path(args.out).resolve()
@@ -114,10 +119,10 @@ def main() -> None:
     torch.set_num_threads(1)
     base = [f"data.root={out / 'data'}", *args.overrides]  # one collection for both runs
 
-    summaries = {"probe": run_federation(out, "probe", base, None)}
+    summaries = {"probe": run_federation(out, "probe", base, None, args.engine)}
     warm_dirs = sorted((out / "probe" / "warmstart").glob("**/header.json"))
     warm = str(warm_dirs[-1].parent) if warm_dirs else None
-    summaries["none"] = run_federation(out, "none", base, warm)
+    summaries["none"] = run_federation(out, "none", base, warm, args.engine)
 
     cfg = load_config(["eval=strict", *base])
     cache = out / "cache"

@@ -246,14 +246,21 @@ def train_warm(factor: str, cfg, folder: Path) -> dict:
     if rec is not None:
         return rec
     say(f"[{factor}] warm start: {cfg.train.warmstart_steps} steps on the public corpus ...")
+    return _timed_training(factor, "warmstart", path, folder,
+                           lambda: train_warmstart(cfg, run_dir=folder / "warmstart" / "run", progress=False),
+                           {"identity": ident, "source": "public", "steps": cfg.train.warmstart_steps})
+
+
+def _timed_training(factor: str, arm: str, path: Path, folder: Path, train, fields: dict) -> dict:
+    """Run ``train()`` (a TrainResult), record its checkpoint, CPU and wall seconds in ``path``."""
     c0, w0 = cpu_seconds(), time.perf_counter()
-    res = train_warmstart(cfg, run_dir=folder / "warmstart" / "run", progress=False)
-    rec = {"arm": "warmstart", "identity": ident, "source": "public", "steps": cfg.train.warmstart_steps,
+    res = train()
+    rec = {"arm": arm, **fields,
            "checkpoint": str(res.checkpoint_dir.relative_to(folder)), "checkpoint_hash": res.checkpoint_hash,
            "cpu_seconds": round(cpu_seconds() - c0, 1), "wall_seconds": round(time.perf_counter() - w0, 1),
            "final_metrics": res.final_metrics}
     path.write_text(json.dumps(rec, indent=1))
-    say(f"[{factor}] warm start: {rec['cpu_seconds']} CPU-s, {rec['wall_seconds']} s wall, "
+    say(f"[{factor}] {arm}: {rec['cpu_seconds']} CPU-s, {rec['wall_seconds']} s wall, "
         f"pred {res.final_metrics.get('loss/pred', float('nan')):.4f}")
     return rec
 
@@ -267,18 +274,11 @@ def train_arm(factor: str, arm: str, cfg, folder: Path, warm: dict) -> dict:
     if rec is not None:
         return rec
     say(f"[{factor}] {arm}: {cfg.train.steps} steps on {source} from the warm start ...")
-    c0, w0 = cpu_seconds(), time.perf_counter()
-    res = train_local(cfg, source=source, run_dir=folder / arm / "run",
-                      init_checkpoint=_checkpoint(warm, folder), progress=False)
-    rec = {"arm": arm, "identity": ident, "source": source, "steps": cfg.train.steps,
-           "init_checkpoint_hash": warm["checkpoint_hash"],
-           "checkpoint": str(res.checkpoint_dir.relative_to(folder)), "checkpoint_hash": res.checkpoint_hash,
-           "cpu_seconds": round(cpu_seconds() - c0, 1), "wall_seconds": round(time.perf_counter() - w0, 1),
-           "final_metrics": res.final_metrics}
-    path.write_text(json.dumps(rec, indent=1))
-    say(f"[{factor}] {arm}: {rec['cpu_seconds']} CPU-s, {rec['wall_seconds']} s wall, "
-        f"pred {res.final_metrics.get('loss/pred', float('nan')):.4f}")
-    return rec
+    return _timed_training(factor, arm, path, folder,
+                           lambda: train_local(cfg, source=source, run_dir=folder / arm / "run",
+                                               init_checkpoint=_checkpoint(warm, folder), progress=False),
+                           {"identity": ident, "source": source, "steps": cfg.train.steps,
+                            "init_checkpoint_hash": warm["checkpoint_hash"]})
 
 
 def train_candidate(factor: str, cfg, folder: Path) -> dict[str, dict]:

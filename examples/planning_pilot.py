@@ -80,23 +80,27 @@ from lensemble.model.encoder import embed_frames
 from lensemble.model.world_model import architecture, build_world_model, world_model_from_state
 from lensemble.training.trainer import train_local
 
-#: Variant -> the overrides that make it (on top of the CPU preset of the code under test).
+#: Variant -> the overrides that make it (on top of the CPU preset of the code under test). Each
+#: variant names every lever it sets, so a preset change cannot silently change a variant: a-g set
+#: the rollout loss off, h and i on (the preset's value since Pilot 3).
 VARIANTS = {
-    "a": ["model.input_norm=pixel", "model.projector_norm=layernorm"],
-    "b": ["model.input_norm=global", "model.projector_norm=layernorm"],
-    "c": ["model.input_norm=pixel", "model.projector_norm=batchnorm"],
-    "d": ["model.input_norm=global", "model.projector_norm=batchnorm"],
+    "a": ["objective.lambda_rollout=0.0", "model.input_norm=pixel", "model.projector_norm=layernorm"],
+    "b": ["objective.lambda_rollout=0.0", "model.input_norm=global", "model.projector_norm=layernorm"],
+    "c": ["objective.lambda_rollout=0.0", "model.input_norm=pixel", "model.projector_norm=batchnorm"],
+    "d": ["objective.lambda_rollout=0.0", "model.input_norm=global", "model.projector_norm=batchnorm"],
     # d with the banded predictor (rotary positions, KV-cached rollouts): does it plan as well? On
     # clips that cover its context (5 latents at depth 2), as docs/model.md asks of banded models
-    "e": ["model.input_norm=global", "model.projector_norm=batchnorm", "model.predictor_attention=banded",
-          "train.clip_len=6"],
+    "e": ["objective.lambda_rollout=0.0", "model.input_norm=global", "model.projector_norm=batchnorm",
+          "model.predictor_attention=banded", "train.clip_len=6"],
     # d with temporal straightening (shared/notes/planning-levers.md: Wall MPC 69 -> 96 %), at the top of
     # the published 1e-3..1e-1 range because a 4-latent clip holds only two curvature terms
-    "f": ["model.input_norm=global", "model.projector_norm=batchnorm", "objective.lambda_straight=0.1"],
+    "f": ["objective.lambda_rollout=0.0", "model.input_norm=global", "model.projector_norm=batchnorm",
+          "objective.lambda_straight=0.1"],
     # d on 5x the trajectories (200 per silo instead of 40): the same 2000 steps of 64 clips see each
-    # distinct clip ~3.5 times instead of ~18 (a diagnostic rollout of d pushed into the wall passed
-    # through it and drifted along memorised paths)
-    "g": ["model.input_norm=global", "model.projector_norm=batchnorm", "data.episodes_per_silo=200"],
+    # distinct clip ~3.5 times instead of ~18 (the wall probe: d's predictions went through solid wall
+    # from 21 % of the starts pushed at it)
+    "g": ["objective.lambda_rollout=0.0", "model.input_norm=global", "model.projector_norm=batchnorm",
+          "data.episodes_per_silo=200"],
     # d with the multi-step rollout loss (shared/notes/planning-levers.md: 2-6 unroll steps), 3 open-loop
     # steps per 4-latent clip at the one-step term's weight
     "h": ["model.input_norm=global", "model.projector_norm=batchnorm", "objective.lambda_rollout=1.0"],
