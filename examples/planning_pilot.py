@@ -73,8 +73,8 @@ from lensemble.eval.closed_loop import (
     pose_goal,
 )
 from lensemble.eval.goals import GoalProtocol, pose_task
-from lensemble.eval.routes import DOOR_MARGIN, TwoRoomDynamics
 from lensemble.eval.ladder import PROBE_DIMS, LadderSettings, linear_probe_r2, run_ladder
+from lensemble.eval.routes import DOOR_MARGIN, TwoRoomDynamics
 from lensemble.eval.stats import holm, mcnemar_exact, wilson_interval
 from lensemble.model.encoder import embed_frames
 from lensemble.model.world_model import architecture, build_world_model, world_model_from_state

@@ -59,6 +59,7 @@ from lensemble.envs.adapter import env_info, make_env
 from lensemble.envs.factors import TWOROOM, factor_spec, supported_envs
 from lensemble.errors import ConfigError, EvaluationError
 from lensemble.eval.controls import RandomActionPolicy
+from lensemble.eval.costs import planning_cost
 from lensemble.eval.goals import (  # noqa: F401  (EpisodeSpec, pose_goal: re-exported, callers import them from here)
     GOAL_PROTOCOL,
     EpisodeSpec,
@@ -69,7 +70,6 @@ from lensemble.eval.goals import (  # noqa: F401  (EpisodeSpec, pose_goal: re-ex
     pose_task,
 )
 from lensemble.eval.ladder import LadderSettings, run_ladder
-from lensemble.eval.costs import planning_cost
 from lensemble.eval.mpc import CostFn, Planner, WorldModelOnDevice, module_device
 from lensemble.eval.reports import EpisodeRecord, EvalReport
 from lensemble.eval.routes import RouteTracker, TwoRoomDynamics

@@ -166,8 +166,9 @@ def test_rollout_term_is_the_open_loop_error_and_differs_from_teacher_forcing():
     """Known answers: the term is MSE(predictor.rollout(z_0, a), sg(z_{1:})); on a 2-frame clip the
     open loop *is* the one-step prediction (equal terms); on 4 frames it feeds back its own
     predictions, so it differs from the teacher-forced term; it is weighted into the total."""
-    from lensemble.model.world_model import rotate_latent_basis_
     from tiny_model import random_orthogonal
+
+    from lensemble.model.world_model import rotate_latent_basis_
 
     model = build_world_model(tiny_cfg(), init_seed=0)
     sk = sketch_for_step(0, 0, D, 32)
