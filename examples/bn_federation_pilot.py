@@ -45,16 +45,13 @@ import torch
 
 from lensemble.artifacts.checkpoint import load_checkpoint, save_checkpoint
 from lensemble.config import load_config
-from lensemble.data.clips import ClipSampler
-from lensemble.data.collect import load_silo
-from lensemble.data.store import ensure_data
 from lensemble.eval.closed_loop import evaluate
 from lensemble.eval.stats import mcnemar_exact, wilson_interval
-from lensemble.model.encoder import recalibrate_batchnorm
 from lensemble.model.world_model import world_model_from_state
+from lensemble.training.datasets import training_sampler
+from lensemble.training.trainer import recalibrate_for_checkpoint
 
 SETTINGS = ("probe", "none")
-RECAL_BATCHES = 40   # as train.bn_recalibration_batches: 40 batches of 64 clips x 4 frames
 GAUGE_KEYS = ("gauge/drift_angle_deg", "gauge/drift_subspace_angle_deg", "gauge/drift_rotation_share",
               "gauge/global_effective_dim", "loss/pred")
 
@@ -91,16 +88,14 @@ def round_metrics(run_dir: Path) -> list[dict]:
 
 
 def silo_recalibrated(ckpt: str, cfg, dest: Path) -> Path:
-    """The checkpoint with its BatchNorm statistics re-estimated on the silos' training frames."""
+    """The checkpoint with its BatchNorm statistics re-estimated on the silos' training frames
+    (the trainer's own pre-checkpoint recalibration, on the pooled silo sampler)."""
     if (dest / "header.json").exists():
         return dest
     ck = load_checkpoint(ckpt)
     model = world_model_from_state(ck.architecture, ck.tensors)
-    folder, summary = ensure_data(cfg, progress=False)
-    sampler = ClipSampler([load_silo(folder, s["silo"], "train", summary) for s in summary["silos"]],
-                          cfg.train.clip_len, cfg.model.action_block)
-    g = torch.Generator().manual_seed(0)
-    recalibrate_batchnorm(model.encoder, (sampler.sample(cfg.train.batch_size, g).obs for _ in range(RECAL_BATCHES)))
+    sampler, _ = training_sampler(cfg, "pooled", progress=False)
+    recalibrate_for_checkpoint(model, cfg, sampler, "silo-statistics", 0)
     save_checkpoint(dest, model.state_dict(), kind="world_model", architecture=ck.architecture)
     return dest
 
