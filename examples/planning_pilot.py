@@ -73,7 +73,7 @@ from lensemble.eval.closed_loop import (
     pose_goal,
 )
 from lensemble.eval.goals import GoalProtocol, pose_task
-from lensemble.eval.ladder import PROBE_DIMS, LadderSettings, linear_probe_r2, run_ladder
+from lensemble.eval.ladder import PROBE_DIMS, LadderSettings, pixel_pca_probe_r2, run_ladder
 from lensemble.eval.routes import DOOR_MARGIN, TwoRoomDynamics
 from lensemble.eval.stats import holm, mcnemar_exact, wilson_interval
 from lensemble.model.encoder import embed_frames
@@ -116,7 +116,7 @@ COSTS = {
     "reach-public-min": ["eval.cost=reachability", "eval.reach_source=public", "eval.reach_aggregate=min"],
     "reach-pooled-min": ["eval.cost=reachability", "eval.reach_source=pooled", "eval.reach_aggregate=min"],
 }
-PCA_COMPONENTS = 64
+PCA_COMPONENTS = LadderSettings().pixel_pca_components  # the ladder's pixel baseline (64)
 ROBUSTNESS_TASKS = 50
 BRIGHTNESS = 4  # /255, added to every channel of both frames
 
@@ -213,8 +213,9 @@ def closed_loop(ckpt, cfg, episodes: int, policy: str, parallel: int = 8) -> dic
 
 # ------------------------------------------------------------------------------ measurements
 def pixel_pca_probe(cfg) -> dict:
-    """The linear position probe on a PCA of raw pixels: same frames, same ridge as the ladder's
-    latent probe (train frames evenly subsampled to 4096, scored on the held-out episodes)."""
+    """The ladder's pixel baseline (lensemble.eval.ladder.pixel_pca_probe_r2) on this protocol's
+    frames: the linear position probe on a PCA of raw pixels, same frames and ridge as the latent
+    probe (train frames evenly subsampled to 4096, scored on the held-out episodes)."""
     eval_batch, train = load_split(cfg, "heldout", progress=False)
     settings = LadderSettings()
     obs_tr = np.concatenate([b.obs.reshape(-1, *b.obs.shape[-3:]) for b in train])
@@ -223,17 +224,12 @@ def pixel_pca_probe(cfg) -> dict:
         keep = np.linspace(0, obs_tr.shape[0] - 1, settings.max_probe_frames).round().astype(int)
         obs_tr, st_tr = obs_tr[keep], st_tr[keep]
     dims = list(PROBE_DIMS[cfg.env.id])
-    x_tr = torch.from_numpy(obs_tr.reshape(obs_tr.shape[0], -1)).double() / 255.0
-    x_te = torch.from_numpy(eval_batch.obs.reshape(-1, int(np.prod(eval_batch.obs.shape[-3:])))).double() / 255.0
+    obs_te = eval_batch.obs.reshape(-1, *eval_batch.obs.shape[-3:])
     s_te = eval_batch.state.reshape(-1, eval_batch.state.shape[-1])[:, dims]
-    mu = x_tr.mean(0, keepdim=True)
-    _, _, vh = torch.linalg.svd(x_tr - mu, full_matrices=False)
-    basis = vh[:PCA_COMPONENTS].T
-    p_tr, p_te = (x_tr - mu) @ basis, (x_te - mu) @ basis
-    r2, per_dim = linear_probe_r2(p_tr, torch.from_numpy(st_tr[:, dims]), p_te, torch.from_numpy(s_te),
-                                  ridge=settings.probe_ridge)
+    r2, per_dim = pixel_pca_probe_r2(obs_tr, torch.from_numpy(st_tr[:, dims]), obs_te, torch.from_numpy(s_te),
+                                     components=settings.pixel_pca_components, ridge=settings.probe_ridge)
     return {"probe_r2": r2, "per_dim": per_dim, "components": PCA_COMPONENTS,
-            "train_frames": int(obs_tr.shape[0]), "test_frames": int(x_te.shape[0])}
+            "train_frames": int(obs_tr.shape[0]), "test_frames": int(obs_te.shape[0])}
 
 
 def ladder(ckpt, cfg) -> dict:

@@ -682,6 +682,7 @@ def _ladder_fields(model, cfg, env_id, split, values, env, seed, progress, setti
         "rollout_composite": result.rollout_composite,
         "intervention_error": result.intervention_error,
         "probe_r2": result.probe_r2,
+        "pixel_pca_r2": result.pixel_pca_r2,
         "effective_dim": result.effective_dim,
         "latent_std": result.latent_std,
     }

@@ -23,7 +23,11 @@ Each rung asks a different question of a frozen world model, on episodes it neve
    train-split latents, scored on the evaluation split, features standardised with *train*
    statistics only; R² per state dimension (1 − SSE / SST around the evaluation split's mean),
    averaged over the env's probed dimensions (:data:`PROBE_DIMS`). R² ≈ 1: the state is linearly
-   decodable; ≈ 0 (or below): it is not.
+   decodable; ≈ 0 (or below): it is not. Beside it, the **pixel baseline**: the same ridge probe on
+   the top-k principal components of the raw pixels (k = 64, PCA fitted on the same train frames,
+   pixels in [0, 1]). An encoder whose latents decode the state *worse* than a linear compression
+   of its own input has thrown position away (issue 14 measured 0.30 against 0.77 for an early
+   default), so the two are read together.
 5. **Collapse guards** — effective dimension (participation ratio) and mean per-dimension std of
    the evaluation split's latents (read them together: one is scale-free, the other is not).
 
@@ -71,6 +75,7 @@ class LadderSettings:
     intervention_pairs: int = 32       # start states, each with two action sequences
     intervention_steps: int = 2        # latent steps per sequence (× action_block env steps)
     probe_ridge: float = 1e-3          # ridge penalty per sample on standardised latents
+    pixel_pca_components: int = 64     # k of the pixel-PCA baseline (0 skips it); 64 as in issue 14
     max_probe_frames: int = 4096       # train frames used to fit the probe (evenly subsampled)
     batch_size: int = 256              # frames per encoder call
 
@@ -90,6 +95,7 @@ class LadderResult:
     intervention_pairs: int
     probe_r2: float | None
     probe_r2_per_dim: dict[str, float]
+    pixel_pca_r2: float | None               # the same probe on a k-component PCA of the pixels
     effective_dim: float
     latent_std: float
 
@@ -238,6 +244,43 @@ def linear_probe_r2(
     return (float(np.mean(valid)) if valid else None), per_dim
 
 
+def pixel_pca_probe_r2(
+    obs_train: np.ndarray,
+    s_train: torch.Tensor,
+    obs_test: np.ndarray,
+    s_test: torch.Tensor,
+    *,
+    components: int = 64,
+    ridge: float = 1e-3,
+) -> tuple[float | None, list[float | None]]:
+    """The pixel baseline of the probe rung: :func:`linear_probe_r2` on a PCA of the raw pixels.
+
+    Args:
+        obs_train: uint8 (n, H, W, 3) frames to fit the PCA and the probe on; s_train: (n, k).
+        obs_test: uint8 (m, H, W, 3) frames to score; s_test: (m, k).
+        components: principal components kept (capped at n − 1 and at H·W·3).
+        ridge: as in :func:`linear_probe_r2`.
+
+    Pixels are scaled to [0, 1] and centred with the *train* mean; the basis is the top right
+    singular vectors of the centred train matrix (an exact SVD, so the result is deterministic).
+    Returns what :func:`linear_probe_r2` returns.
+    """
+    if obs_train.ndim != 4 or obs_test.ndim != 4 or obs_train.shape[1:] != obs_test.shape[1:]:
+        raise EvaluationError(f"pixel PCA needs frames (n, H, W, 3) of one size, got {obs_train.shape} "
+                              f"and {obs_test.shape}")
+    if components < 1:
+        raise EvaluationError(f"pixel PCA needs components >= 1, got {components}")
+    x_tr = torch.from_numpy(np.ascontiguousarray(obs_train.reshape(obs_train.shape[0], -1))).float() / 255.0
+    x_te = torch.from_numpy(np.ascontiguousarray(obs_test.reshape(obs_test.shape[0], -1))).float() / 255.0
+    mu = x_tr.mean(0, keepdim=True)
+    k = min(components, x_tr.shape[0] - 1, x_tr.shape[1])
+    if k < 1:
+        raise EvaluationError("pixel PCA needs at least 2 training frames")
+    _, _, vh = torch.linalg.svd(x_tr - mu, full_matrices=False)  # float32: 4096 × 12288 fits in ~0.2 GB
+    basis = vh[:k].T
+    return linear_probe_r2((x_tr - mu) @ basis, s_train, (x_te - mu) @ basis, s_test, ridge=ridge)
+
+
 def _check_sequences(z: torch.Tensor, actions: torch.Tensor) -> None:
     if z.ndim != 3 or actions.ndim != 3 or z.shape[0] != actions.shape[0] or z.shape[1] != actions.shape[1] + 1:
         raise EvaluationError(
@@ -358,8 +401,8 @@ def run_ladder(
     dims = PROBE_DIMS.get(env_id, tuple(range(eval_batch.state.shape[-1])))
     z_eval = encode_frames(enc, eval_batch.obs, settings.batch_size).reshape(-1, model.latent_dim)
     s_eval = torch.from_numpy(eval_batch.state.reshape(-1, eval_batch.state.shape[-1])[:, dims])
-    say("ladder: linear probe")
-    probe, per_dim = None, {}
+    say("ladder: linear probe (latents and the pixel-PCA baseline)")
+    probe, per_dim, pixel_r2 = None, {}, None
     if train_batches:
         obs_tr = np.concatenate([b.obs.reshape(-1, *b.obs.shape[-3:]) for b in train_batches])
         st_tr = np.concatenate([b.state.reshape(-1, b.state.shape[-1]) for b in train_batches])
@@ -371,6 +414,11 @@ def run_ladder(
                                     ridge=settings.probe_ridge)
         names = _state_names(env_id, eval_batch.state.shape[-1])
         per_dim = {names[d]: r for d, r in zip(dims, r2, strict=True) if r is not None}
+        if settings.pixel_pca_components > 0:
+            obs_ev = eval_batch.obs.reshape(-1, *eval_batch.obs.shape[-3:])
+            pixel_r2, _ = pixel_pca_probe_r2(obs_tr, torch.from_numpy(st_tr[:, dims]), obs_ev, s_eval,
+                                             components=settings.pixel_pca_components,
+                                             ridge=settings.probe_ridge)
 
     inter, n_pairs = None, 0
     if env is not None and settings.intervention_pairs > 0:
@@ -392,6 +440,7 @@ def run_ladder(
         intervention_pairs=n_pairs,
         probe_r2=probe,
         probe_r2_per_dim=per_dim,
+        pixel_pca_r2=pixel_r2,
         effective_dim=effective_dim(z_eval),
         latent_std=latent_std(z_eval),
     )
@@ -414,6 +463,7 @@ __all__ = [
     "latent_sequences",
     "linear_probe_r2",
     "one_step_error",
+    "pixel_pca_probe_r2",
     "rollout_composite",
     "rollout_errors",
 ]

@@ -128,6 +128,9 @@ class EvalReport(BaseModel):
     intervention_error: float | None = None
     transfer_success_rate: float | None = None
     probe_r2: float | None = None
+    pixel_pca_r2: float | None = None
+    """The probe rung's pixel baseline: the same ridge probe on a 64-component PCA of the raw
+    pixels (lensemble.eval.ladder.pixel_pca_probe_r2); read beside ``probe_r2``."""
     effective_dim: float | None = None
     latent_std: float | None = None
     # Per-episode outcomes (None in reports written before them) and route validity

@@ -86,7 +86,7 @@ def render_eval_markdown(report: EvalReport, checkpoint: str | Path, *, split: s
     lines += success_table({"model": report}, {"model": label}) + ["", f"![Success]({figure})", ""]
     ladder = [(name, getattr(report, name)) for name in
               ("one_step_error", "copy_last_error", "rollout_composite", "intervention_error", "probe_r2",
-               "effective_dim", "latent_std", "transfer_success_rate")]
+               "pixel_pca_r2", "effective_dim", "latent_std", "transfer_success_rate")]
     ladder = [(n, v) for n, v in ladder if v is not None]
     if ladder or report.rollout_error:
         lines += ["## The evaluation ladder", "", "| measure | value |", "|---|---|"]

@@ -90,6 +90,7 @@ def _run_values(summary: dict) -> dict:
         "effective_dim": _f(ev.get("effective_dim")),
         "latent_std": _f(ev.get("latent_std")),
         "probe_r2": _f(ev.get("probe_r2")),
+        "pixel_pca_r2": _f(ev.get("pixel_pca_r2")),
         "one_step_error": _f(ev.get("one_step_error")),
         "drift_final": drift[-1] if drift else None,
         # The mean over rounds only when every round was measurable: a mean over the measurable
@@ -141,6 +142,7 @@ def arm_values(cell: dict, arm: str, summaries: dict, local_reference: str = "me
             "effective_dim": _mean([v["effective_dim"] for v in vals]),
             "latent_std": _mean([v["latent_std"] for v in vals]),
             "probe_r2": _mean([v["probe_r2"] for v in vals]),
+            "pixel_pca_r2": _mean([v["pixel_pca_r2"] for v in vals]),
             "one_step_error": _mean([v["one_step_error"] for v in vals]),
             "drift_final": None, "drift_mean": None, "curves": {},
             "silos": {str(k): v["success"] for k, v in enumerate(vals)},
@@ -179,7 +181,7 @@ def arm_stats(per_seed: dict[int, dict], n_boot: int) -> dict:
     n = sum(int(v.get("n_episodes") or 0) for v in per_seed.values())
     out = {"seeds": sorted(per_seed), "n_seeds": len(per_seed)}
     for metric in ("success", "success_best", "route_valid_success", "effective_dim", "latent_std", "drift_final",
-                   "drift_mean", "probe_r2", "one_step_error"):
+                   "drift_mean", "probe_r2", "pixel_pca_r2", "one_step_error"):
         if any(metric in v for v in per_seed.values()):
             out[metric] = _describe(per_seed, metric, n_boot)
     out["pooled_success"] = ({"successes": k, "episodes": n, "rate": k / n,

@@ -353,8 +353,8 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
               f"{design['step_budget'].get('participant_steps')} per participant; centralized "
               f"{design['step_budget'].get('central_steps')}).", "",
               "| arm | seeds | success (mean, 95% CI over seeds) | pooled success [Wilson] | route-valid success | "
-              "final drift ° | mean drift ° | effective dim | latent std | probe R² |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "final drift ° | mean drift ° | effective dim | latent std | probe R² | pixel-PCA R² |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, s in arms.items():
         pooled = s.get("pooled_success")
         pooled_txt = (f"{pooled['successes']}/{pooled['episodes']} = {_pct(pooled['rate'])} "
@@ -363,11 +363,14 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
             else "not recorded"
         lines.append(f"| {_ARM_LABEL.get(arm, arm)} | {s['n_seeds']} | {_stat(s.get('success'))} | {pooled_txt} | {rv} | "
                      f"{_stat(s.get('drift_final'))} | {_stat(s.get('drift_mean'))} | {_stat(s.get('effective_dim'))} | "
-                     f"{_stat(s.get('latent_std'))} | {_stat(s.get('probe_r2'))} |")
+                     f"{_stat(s.get('latent_std'))} | {_stat(s.get('probe_r2'))} | {_stat(s.get('pixel_pca_r2'))} |")
         if arm == "local" and s.get("success_best"):
             lines.append(f"| {_ARM_LABEL['local_best']} | {s['n_seeds']} | {_stat(s.get('success_best'))} | – | – | – | – "
-                         f"| – | – | – |")
-    lines += ["", "Final / mean drift: `gauge/drift_angle_deg`, the geodesic angle of the rotation mapping each "
+                         f"| – | – | – | – |")
+    lines += ["", "Probe R²: the linear position probe on the arm's latents; pixel-PCA R²: the same probe on a "
+              "64-component PCA of the raw pixels of the same frames (a latent space below it has discarded "
+              "position; docs/evaluation.md).", "",
+              "Final / mean drift: `gauge/drift_angle_deg`, the geodesic angle of the rotation mapping each "
               "participant's *unaligned* probe frame onto the new global model's, averaged over participants "
               "(final round / all rounds). For the backstop rung this includes the rotation the backstop removes "
               "before averaging; the between-participant angle and what the backstop leaves are in the figure "

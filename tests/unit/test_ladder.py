@@ -11,6 +11,7 @@ from lensemble.eval.ladder import (
     latent_sequences,
     linear_probe_r2,
     one_step_error,
+    pixel_pca_probe_r2,
     rollout_composite,
     rollout_errors,
 )
@@ -106,6 +107,54 @@ def test_probe_skips_constant_dimensions():
     z = torch.from_numpy(s[:, :1] * np.ones((1, 4)) + 0.01 * rng.normal(size=(300, 4)))
     r2, per_dim = linear_probe_r2(z[:200], torch.from_numpy(s[:200]), z[200:], torch.from_numpy(s[200:]))
     assert per_dim[1] is None and r2 == pytest.approx(per_dim[0]) and r2 > 0.99
+
+
+def _dot_frames(xy: np.ndarray, size: int = 8) -> np.ndarray:
+    """uint8 (n, size, size, 3) black frames with one white pixel at integer (x, y)."""
+    frames = np.zeros((len(xy), size, size, 3), np.uint8)
+    frames[np.arange(len(xy)), xy[:, 1], xy[:, 0]] = 255
+    return frames
+
+
+def test_pixel_pca_probe_decodes_a_moving_dot_and_not_unrelated_state():
+    # A one-pixel dot on an 8 × 8 grid: x and y are exactly linear in the pixels (Σ_i p_i · x_i), and
+    # the 64 positions span at most 63 centred directions, so 64 components keep all of it.
+    rng = np.random.default_rng(0)
+    xy_tr, xy_te = rng.integers(0, 8, size=(600, 2)), rng.integers(0, 8, size=(300, 2))
+    f_tr, f_te = _dot_frames(xy_tr), _dot_frames(xy_te)
+    s_tr, s_te = torch.from_numpy(xy_tr.astype(float)), torch.from_numpy(xy_te.astype(float))
+    r2, per_dim = pixel_pca_probe_r2(f_tr, s_tr, f_te, s_te, components=64)
+    assert r2 > 0.99 and all(r > 0.99 for r in per_dim)
+    # Two components cannot hold 64 positions: the baseline must depend on k, not decode by luck.
+    low, _ = pixel_pca_probe_r2(f_tr, s_tr, f_te, s_te, components=2)
+    assert low < 0.3
+    # The same frames carry nothing about a state drawn independently of them.
+    unrelated = torch.from_numpy(rng.normal(size=(300, 2)))
+    noise, _ = pixel_pca_probe_r2(f_tr, torch.from_numpy(rng.normal(size=(600, 2))), f_te, unrelated)
+    assert noise < 0.05
+
+
+def test_pixel_pca_probe_cannot_decode_positions_absent_from_training():
+    # Train frames only ever show the dot in the left half: neither the PCA nor the probe fitted on
+    # them has a direction for the right half, so x of test dots there is not decodable (R² < 0):
+    # the baseline gets no credit from the frames it is scored on.
+    rng = np.random.default_rng(1)
+    xy_tr = np.stack([rng.integers(0, 4, 500), rng.integers(0, 8, 500)], 1)
+    xy_te = np.stack([rng.integers(4, 8, 200), rng.integers(0, 8, 200)], 1)
+    _, per_dim = pixel_pca_probe_r2(_dot_frames(xy_tr), torch.from_numpy(xy_tr.astype(float)),
+                                    _dot_frames(xy_te), torch.from_numpy(xy_te.astype(float)))
+    assert per_dim[0] < 0.0
+
+
+def test_pixel_pca_probe_rejects_bad_inputs():
+    f = np.zeros((4, 8, 8, 3), np.uint8)
+    s = torch.zeros(4, 2)
+    with pytest.raises(EvaluationError):
+        pixel_pca_probe_r2(f, s, np.zeros((4, 4, 4, 3), np.uint8), s)
+    with pytest.raises(EvaluationError):
+        pixel_pca_probe_r2(f, s, f, s, components=0)
+    with pytest.raises(EvaluationError):
+        pixel_pca_probe_r2(f[:1], s[:1], f, s)
 
 
 def test_latent_sequences_take_stride_b_frames_and_concatenate_actions():
