@@ -39,7 +39,7 @@ command resumes where it stopped, and a finished stage is never retrained or re-
     nice -n 19 .venv/bin/python examples/partition_pilot.py --plan-only      # the cost, then exit
     nice -n 19 .venv/bin/python examples/partition_pilot.py --out runs/partition-pilot
     # two cores: one process per half of the candidates, then the report over all of them
-    nice -n 19 .venv/bin/python examples/partition_pilot.py --factors door.position,agent.speed &
+    nice -n 19 .venv/bin/python examples/partition_pilot.py --factors agent.region,door.position,agent.speed &
     nice -n 19 .venv/bin/python examples/partition_pilot.py --factors agent.radius,agent.color &
     wait; .venv/bin/python examples/partition_pilot.py --stage eval           # cached: report only
 
@@ -51,9 +51,11 @@ the pilot (use a new --out) rather than mixing two configurations.
 
 Defaults, and why:
 
-    --factors door.position,agent.speed,agent.radius,agent.color
-        issue 17's dynamics and layout candidates, plus the appearance-only control whose gap the
-        CPU study measured ≈ 0 (a usable partition must beat it)
+    --factors agent.region,door.position,agent.speed,agent.radius,agent.color
+        issue 17's coverage split (agent.region: each silo's episodes start, aim and stay in one
+        room; the public corpus is a band around the door, the only episodes that cross it), its
+        dynamics and layout candidates, and the appearance-only control whose gap the CPU study
+        measured ≈ 0 (a usable partition must beat it)
     --warmstart-steps 300
         short on purpose: after the CPU study's 1500-step warm start every model stayed at the
         warm start's level (no arm could differ); 300 is the default run's warm start (README: it
@@ -75,7 +77,7 @@ Cost (``--plan-only`` prints it per candidate and in total; one torch thread, me
     CPU-s = 0.55 × (warm-start steps + (1 + silos) × steps) + 4.5 × (2 + silos) × episodes
 
 i.e. 0.55 × 4800 + 4.5 × 400 = 4440 CPU-s ≈ 1.23 CPU-hours per candidate at the defaults,
-≈ 4.9 CPU-hours for the four (≈ 2.5 h of wall time as two processes on two free cores). Not in
+≈ 6.2 CPU-hours for the five (≈ 3.1 h of wall time as two processes on two free cores). Not in
 the model: random actions (env steps only, no planning) and data collection (61 CPU-s for
 agent.speed's collection with ``data.workers=1``; with the default 2 workers it runs in worker
 processes, whose CPU this process does not see). The CPU seconds of this process
@@ -104,7 +106,7 @@ from lensemble.eval.stats import mcnemar_exact, mde_paired, paired_difference, w
 from lensemble.training.trainer import train_local
 from lensemble.training.warmstart import train_warmstart
 
-DEFAULT_FACTORS = "door.position,agent.speed,agent.radius,agent.color"
+DEFAULT_FACTORS = "agent.region,door.position,agent.speed,agent.radius,agent.color"
 CONTROL_FACTOR = "agent.color"  # appearance only: the silos see the same dynamics
 #: The cost model (CPU seconds, one torch thread, the 2-core box).
 CPU_S_PER_STEP = 0.55

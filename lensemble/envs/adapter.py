@@ -2,7 +2,9 @@
 
 ``make_env("swm/TwoRoom-v1", img_size=64)`` gives an :class:`EnvAdapter` that
 
-- applies factors of variation at reset (dotted keys, e.g. ``{"agent.color": [0, 128, 255]}``);
+- applies factors of variation at reset (dotted keys, e.g. ``{"agent.color": [0, 128, 255]}``),
+  and the coverage factor ``agent.region`` (TwoRoom), which the env has no variation for: the
+  start and the target are re-drawn inside the region's x range (:meth:`EnvAdapter.reset`);
 - renders observations at the env's native 224 px and area-resizes them to ``img_size`` (area
   averaging keeps the small agent dot visible instead of aliasing it away);
 - exposes the goal image (PushT puts one in ``info``; TwoRoom keeps it in ``_target_img``, the
@@ -34,7 +36,16 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from lensemble.envs.factors import PUSHT, TWOROOM, factor_catalog, supported_envs, to_env_value, to_json_value
+from lensemble.envs.factors import (
+    ADAPTER_FACTORS,
+    PUSHT,
+    REGION_FACTOR,
+    TWOROOM,
+    factor_catalog,
+    supported_envs,
+    to_env_value,
+    to_json_value,
+)
 from lensemble.errors import ConfigError
 
 #: Native render size of both environments (px). Observations are resized from this.
@@ -140,6 +151,7 @@ class EnvAdapter:
         self._defaults = {k: copy.deepcopy(self._space(k).init_value) for k in self._vspace.names()}
         self._touched: set[str] = set()
         self._factors: dict[str, Any] = {}
+        self.region: tuple[float, float] | None = None  # agent.region's x range (env px); None: the arena
         if env_id == TWOROOM:
             self._install_mask_cache()
         self._reset_done = False
@@ -162,6 +174,9 @@ class EnvAdapter:
         # Factors become the variation space's *initial* values rather than post-reset overrides:
         # the env then samples the per-episode randomness (positions) under constraints that
         # already see the requested values (e.g. an agent radius that must fit the door).
+        adapter = {k: v for k, v in factors.items() if k in ADAPTER_FACTORS}
+        factors = {k: v for k, v in factors.items() if k not in ADAPTER_FACTORS}
+        self.region = self._check_region(adapter[REGION_FACTOR]) if REGION_FACTOR in adapter else None
         for key in self._touched - set(factors):
             self._space(key).set_init_value(copy.deepcopy(self._defaults[key]))
         for key, value in factors.items():
@@ -174,12 +189,30 @@ class EnvAdapter:
                     remediation="pick a value inside the factor's range (see lensemble.envs.factor_catalog)",
                 ) from None
         self._touched = set(factors)
-        self._factors = {k: to_json_value(v) for k, v in factors.items()}
+        self._factors = {k: to_json_value(v) for k, v in {**factors, **adapter}.items()}
+
+    def _check_region(self, value) -> tuple[float, float]:
+        if self.env_id != TWOROOM:
+            raise ConfigError(f"{REGION_FACTOR} is a TwoRoom factor; {self.env_id} has no rooms",
+                              remediation="use a factor from lensemble.envs.factor_catalog(env_id)")
+        arr = np.asarray(value, dtype=np.float64).reshape(-1)
+        lo, hi = (float(arr[0]), float(arr[1])) if arr.size == 2 else (np.nan, np.nan)
+        if not 0.0 <= lo < hi <= NATIVE_SIZE:
+            raise ConfigError(f"{REGION_FACTOR} {value!r} is not an x range inside [0, {NATIVE_SIZE}]",
+                              remediation="pick a value from lensemble.envs.factor_catalog(env_id)")
+        return lo, hi
 
     def factor_values(self, keys=None) -> dict[str, Any]:
-        """Current values of the given factor keys (default: the catalogued ones), JSON-ready."""
+        """Current values of the given factor keys (default: the catalogued ones), JSON-ready.
+        ``agent.region`` reads the adapter's range (the whole arena when none was set)."""
         keys = list(keys) if keys is not None else list(factor_catalog(self.env_id))
-        return {k: to_json_value(self._space(k).value) for k in keys}
+        out = {}
+        for k in keys:
+            if k == REGION_FACTOR:
+                out[k] = [int(x) if float(x).is_integer() else x for x in (self.region or (0, NATIVE_SIZE))]
+            else:
+                out[k] = to_json_value(self._space(k).value)
+        return out
 
     # ------------------------------------------------------------------ episode control
     def reset(self, seed: int, factors: Mapping[str, Any] | None = None) -> np.ndarray:
@@ -197,7 +230,36 @@ class EnvAdapter:
             warnings.filterwarnings("ignore", message=".*Casting input x to numpy array.*")
             self.env.reset(seed=int(seed) % (2**31 - 1))
         self._reset_done = True
+        if self.region is not None and self.region != (0.0, float(NATIVE_SIZE)):
+            self._place_in_region(seed)
         return self.render()
+
+    def _place_in_region(self, seed: int) -> None:
+        # The whole arena keeps the env's own start/target sampling (the catalog's transfer value);
+        # a narrower range re-draws both, from a stream of the reset seed the env does not use.
+        rng = np.random.default_rng([int(seed) % 2**32, 0x7265_6769])  # "regi"
+        u = self.unwrapped
+        start, target = (self.sample_in_region(rng) for _ in range(2))
+        u._set_state(start)
+        u._set_goal_state(target)  # re-renders the target image
+
+    def sample_in_region(self, rng: np.random.Generator, tries: int = 1000) -> np.ndarray:
+        """A uniform agent position (2,) float32 whose x lies in the region (the whole arena when
+        none is set), inside the borders and outside the wall (door openings allowed): the region
+        the start, the target and the collection expert's waypoints are drawn in."""
+        self._require_reset()
+        u = self.unwrapped
+        radius = float(u.variation_space["agent"]["radius"].value.item())
+        lo = u.BORDER_SIZE + radius + 1.0
+        hi = u.IMG_SIZE - u.BORDER_SIZE - radius - 1.0
+        x_lo, x_hi = self.region or (lo, hi)
+        x_lo, x_hi = max(lo, x_lo), min(hi, x_hi)
+        for _ in range(tries):
+            p = np.array([rng.uniform(x_lo, x_hi), rng.uniform(lo, hi)], np.float32)
+            if u._constrain_agent_not_in_wall(p):
+                return p
+        raise ConfigError(f"no free agent position in {REGION_FACTOR} {self.region}",
+                          remediation="widen the region or shrink agent.radius")
 
     def step(self, action) -> tuple[np.ndarray, np.ndarray, bool]:
         """Apply one action (A,) and return (frame (H, W, 3) uint8, state (S,) float32, success)."""

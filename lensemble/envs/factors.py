@@ -54,6 +54,9 @@ class FactorSpec:
     public: tuple[int, ...]
     transfer: tuple[int, ...]
     description: str = ""
+    applied_by_adapter: bool = False
+    """True for a factor the env has no variation for (``agent.region``): the adapter applies it
+    at reset (:data:`ADAPTER_FACTORS`) and never passes it to the env's variation space."""
 
     @property
     def silo(self) -> tuple[int, ...]:
@@ -92,6 +95,19 @@ def _spec(key: str, values, period: int, description: str) -> FactorSpec:
     return FactorSpec(key, values, public, transfer, description)
 
 
+#: The coverage factor (TwoRoom): the x range [lo, hi] (env px of the 224 px frame) in which the
+#: agent starts, the target lies and the collection expert draws its waypoints; y stays free. The
+#: wall is the vertical stripe at x = 112, so [0, 112] is the left room and [112, 224] the right
+#: one: silos that own one room each see the other only through the (1 − severity) share of their
+#: episodes. Public: a 40 px band around the wall, whose episodes cross the door (conditions no
+#: silo owns). Transfer: the whole arena with the env's own start and target sampling (cross-room
+#: tasks). Placement is the adapter's (EnvAdapter.reset), seeded by the reset seed.
+REGION_FACTOR = "agent.region"
+REGION_LEFT, REGION_DOOR, REGION_RIGHT, REGION_ALL = [0, 112], [92, 132], [112, 224], [0, 224]
+#: Factors the env has no variation for; the adapter applies them.
+ADAPTER_FACTORS = frozenset({REGION_FACTOR})
+
+
 def _tworoom_catalog() -> dict[str, FactorSpec]:
     specs = [
         # Saturated hues at 90 % value: visible against the white floor and the black walls.
@@ -109,6 +125,11 @@ def _tworoom_catalog() -> dict[str, FactorSpec]:
         # Up to 12 px so that the default door (half-width 14) still fits the agent with margin.
         _spec("agent.radius", [[round(float(r), 2)] for r in np.linspace(7.0, 12.0, 12)], 6,
               "agent radius in px (appearance and collisions)"),
+        # Roles are explicit, not _roles(): two silo values (the rooms), one public, one transfer.
+        FactorSpec(REGION_FACTOR, (REGION_LEFT, REGION_DOOR, REGION_RIGHT, REGION_ALL), public=(1,),
+                   transfer=(3,), description="x range the episode's start, target and expert waypoints "
+                   "lie in (state-space coverage; one room per silo at severity 1)",
+                   applied_by_adapter=True),
     ]
     return {s.key: s for s in specs}
 

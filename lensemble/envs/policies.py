@@ -6,7 +6,9 @@ episode is a pure function of its seed. Call ``policy.reset(env)`` at the start 
 
 - TwoRoom expert: the package's ``ExpertPolicy`` (door-aware navigation) steered to a sequence of
   random waypoints. A fresh waypoint is drawn whenever the agent reaches the current one, so one
-  long episode contains several room-to-room crossings instead of idling at the target.
+  long episode contains several room-to-room crossings instead of idling at the target. Under the
+  coverage factor ``agent.region`` the waypoints stay in the episode's x range (one room: no
+  crossings from the expert; only random segments can leave it).
 - PushT "expert": 0.1.1 ships no solver for PushT, only a contact-seeking data policy. Ours is a
   block-seeking scripted policy in the same spirit: it aims the pusher at a random point near the
   block and re-aims every few steps, which produces frequent pushes.
@@ -60,6 +62,8 @@ class TwoRoomExpert:
         self._waypoint = self._draw_waypoint(env)
 
     def _draw_waypoint(self, env: EnvAdapter) -> np.ndarray:
+        if env.region is not None:  # agent.region: waypoints stay in the episode's x range
+            return env.sample_in_region(self.rng)
         u = env.unwrapped
         radius = float(u.variation_space["agent"]["radius"].value.item())
         lo = u.BORDER_SIZE + radius + 1.0

@@ -80,3 +80,63 @@ def test_unknown_env_and_factor_raise_config_error():
         make_env("swm/NoSuchEnv-v0")
     with pytest.raises(ConfigError):
         factor_spec("swm/TwoRoom-v1", "agent.mood")
+
+
+# ------------------------------------------------------------------ the coverage factor agent.region
+@pytest.fixture(scope="module")
+def tworoom():
+    e = make_env("swm/TwoRoom-v1", img_size=32)
+    yield e
+    e.close()
+
+
+def test_region_places_start_and_target_in_its_room(tworoom):
+    spec = factor_spec("swm/TwoRoom-v1", "agent.region")
+    assert spec.applied_by_adapter and [spec.values[i] for i in spec.silo] == [[0, 112], [112, 224]]
+    for region in ([0, 112], [112, 224], [92, 132]):
+        for seed in range(15):
+            tworoom.reset(seed, {"agent.region": region})
+            for x in (tworoom.agent_position()[0], tworoom.goal_state()[0]):
+                assert region[0] <= x <= region[1], (region, seed, x)
+    # The door band holds positions on both sides of the wall, so its episodes cross the door.
+    sides = set()
+    for seed in range(30):
+        tworoom.reset(seed, {"agent.region": [92, 132]})
+        sides.add(bool(tworoom.agent_position()[0] > 112))
+    assert sides == {True, False}
+
+
+def test_region_whole_arena_is_the_envs_own_reset_and_does_not_leak(tworoom):
+    plain = tworoom.reset(7)
+    s_plain, g_plain = tworoom.state(), tworoom.goal_state()
+    whole = tworoom.reset(7, {"agent.region": [0, 224]})
+    assert np.array_equal(plain, whole) and np.array_equal(s_plain, tworoom.state())
+    assert np.array_equal(g_plain, tworoom.goal_state())
+    room = tworoom.reset(7, {"agent.region": [112, 224]})
+    assert not np.array_equal(room, plain)
+    again = tworoom.reset(7)  # the next episode without the factor: the env's own sampling again
+    assert np.array_equal(again, plain) and tworoom.region is None
+    assert tworoom.factor_values(["agent.region"]) == {"agent.region": [0, 224]}
+
+
+def test_region_collection_stays_in_its_room(tworoom):
+    from lensemble.data.collect import collect_episode
+
+    for seed in range(4):
+        ep = collect_episode(tworoom, seed, {"agent.region": [0, 112]}, 80, random_share=0.3)
+        assert ep["state"][:, 0].max() < 112 and ep["factors"] == {"agent.region": [0, 112]}
+    # Without the factor the same expert visits both rooms.
+    xs = np.concatenate([collect_episode(tworoom, s, {}, 80, random_share=0.3)["state"][:, 0] for s in range(4)])
+    assert xs.min() < 112 < xs.max()
+
+
+def test_region_rejects_bad_values_and_other_envs(tworoom):
+    for bad in ([120, 100], [0, 300], [5]):
+        with pytest.raises(ConfigError):
+            tworoom.reset(1, {"agent.region": bad})
+    pusht = make_env("swm/PushT-v1", img_size=32)
+    try:
+        with pytest.raises(ConfigError):
+            pusht.reset(1, {"agent.region": [0, 112]})
+    finally:
+        pusht.close()

@@ -55,8 +55,8 @@ def test_partition_pilot_plan_only_prints_cpu_hours_that_scale_with_steps(capsys
         assert found, "no CPU-hours figure"
         return float(found.group(1))
 
-    # the defaults: 4 candidates x (0.55 x (300 + 3 x 1500) + 4.5 x 4 x 100) CPU-s
-    assert total_hours() == pytest.approx(4 * 4440 / 3600, abs=0.01)
+    # the defaults: 5 candidates x (0.55 x (300 + 3 x 1500) + 4.5 x 4 x 100) CPU-s
+    assert total_hours() == pytest.approx(5 * 4440 / 3600, abs=0.01)
     short, long = total_hours("--factors", "agent.speed", "--steps", "1000"), \
         total_hours("--factors", "agent.speed", "--steps", "3000")
     assert long - short == pytest.approx(3 * 2000 * 0.55 / 3600, abs=0.01)  # central + 2 locals
