@@ -98,6 +98,7 @@ def test_region_places_start_and_target_in_its_room(tworoom):
             tworoom.reset(seed, {"agent.region": region})
             for x in (tworoom.agent_position()[0], tworoom.goal_state()[0]):
                 assert region[0] <= x <= region[1], (region, seed, x)
+            assert tworoom.distance_to_goal() >= 32.0  # never a task solved at its start
     # The door band holds positions on both sides of the wall, so its episodes cross the door.
     sides = set()
     for seed in range(30):
