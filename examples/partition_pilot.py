@@ -324,18 +324,19 @@ def task_table(cfg, episodes: int) -> tuple[list[dict], str]:
 
 
 def closed_loop(factor: str, arm: str, ckpt: Path, ckpt_hash: str, cfg, episodes: int, policy: str,
-                cache: Path) -> dict:
-    """Per-episode outcomes of ``policy`` with ``ckpt`` on the candidate's first ``episodes`` held-out
-    tasks (cached under ``cache`` by checkpoint, episodes and the eval and data settings)."""
+                cache: Path, split: str = "heldout") -> dict:
+    """Per-episode outcomes of ``policy`` with ``ckpt`` on the candidate's first ``episodes`` tasks
+    of ``split`` (cached under ``cache`` by checkpoint, episodes, split and the eval and data settings)."""
     key = json_digest({"eval": cfg.eval.model_dump(mode="json"), "data": cfg.data.model_dump(mode="json"),
                        "env": cfg.env.id, "checkpoint": ckpt_hash, "policy": policy, "episodes": episodes,
-                       "split": "heldout"})
-    path = cache / f"loop-{arm}-{policy}-n{episodes}-{key[:12]}.json"
+                       "split": split})
+    tag = "" if split == "heldout" else f"{split}-"  # heldout keeps its earlier cache names
+    path = cache / f"loop-{arm}-{policy}-{tag}n{episodes}-{key[:12]}.json"
     if path.exists():
         return json.loads(path.read_text())
-    say(f"[{factor}] evaluating {arm} ({policy}) on {episodes} tasks ...")
+    say(f"[{factor}] evaluating {arm} ({policy}) on {episodes} {split} tasks ...")
     c0, w0 = cpu_seconds(), time.perf_counter()
-    rep = evaluate(ckpt, cfg.env.id, cfg=cfg, episodes=episodes, policy=policy, ladder=False, split="heldout",
+    rep = evaluate(ckpt, cfg.env.id, cfg=cfg, episodes=episodes, policy=policy, ladder=False, split=split,
                    progress=False)
     eps = sorted(rep.episodes, key=lambda e: e.index)
     value = {"arm": arm, "policy": policy, "checkpoint_hash": rep.checkpoint_hash,
@@ -523,6 +524,18 @@ def write_report(out: Path, result: dict) -> None:
                         ("per task: its own silo's local − the other silos' locals", hm)):
             lines.append(f"| {name} | {num(d['estimate'])} | {ci(d['ci_95'])} | {num(d['p_two_sided'], '.3g')} "
                          f"| {num(d.get('sd'), '.2f')} | {num(d.get('mde'), '.2f')} | {d.get('tasks_for_delta') or '–'} |")
+        tr = c.get("transfer")
+        if tr:
+            n_tr = tr["arms"]["central"]["rate"]["n"]
+            lines += ["", f"Transfer tasks ({n_tr}, the factor split: values no silo owns"
+                      + ("; for agent.region the whole arena, so goals may lie across the wall" if f == "agent.region"
+                         else "") + f"; goal-spec {tr['goal_spec_hash'][:12]}):", "",
+                      "| arm | success, Wilson 95 % | on cross-wall tasks |", "|---|---|---|"]
+            for arm, a in tr["arms"].items():
+                lines.append(f"| {arm} | {rate_cell(a['rate'])} | {rate_cell(a['cross_wall_rate'])} |")
+            for name, d in (("central − local (mean)", tr["gap"]), ("central − warm start", tr["central_minus_warmstart"])):
+                lines.append(f"\n{name} on the transfer tasks: {num(d['estimate'])} {ci(d['ci_95'])}, "
+                             f"sign-flip p {num(d['p_two_sided'], '.3g')}.")
         lines += ["", "Exact McNemar (A only / B only, p): "
                   + "; ".join(f"central vs {a}: {m['a_only']} / {m['b_only']}, {m['p_two_sided']:.3g}"
                               for a, m in c["gap_mcnemar"].items())
@@ -538,26 +551,51 @@ def write_report(out: Path, result: dict) -> None:
 
 
 # -------------------------------------------------------------------------------------- main
-def evaluate_candidate(factor: str, cfg, folder: Path, episodes: int) -> dict | None:
+def score_arms(factor: str, cfg, folder: Path, recs: dict, episodes: int, split: str) -> dict[str, dict]:
+    """Every arm (MPC) and random actions on the first ``episodes`` tasks of ``split``."""
+    cache = folder / "cache"
+    loops = {}
+    for arm in ["warmstart", "central", *local_arms(cfg)]:
+        loops[arm] = closed_loop(factor, arm, _checkpoint(recs[arm], folder), recs[arm]["checkpoint_hash"],
+                                 cfg, episodes, "mpc", cache, split)
+    warm = recs["warmstart"]
+    loops["random"] = closed_loop(factor, "random", _checkpoint(warm, folder), warm["checkpoint_hash"], cfg,
+                                  episodes, "random", cache, split)
+    hashes = {loop["goal_spec_hash"] for loop in loops.values()}
+    if len(hashes) != 1:
+        raise SystemExit(f"[{factor}] the arms were scored on different {split} tasks: {sorted(hashes)}")
+    return loops
+
+
+def analyse_transfer(loops: dict[str, dict], locals_: list[str]) -> dict:
+    """The transfer split (factor values no silo owns; for agent.region the whole arena, i.e.
+    cross-room tasks): per-arm success and the paired central − local and central − warm start."""
+    succ = {arm: [bool(s) for s in loop["success"]] for arm, loop in loops.items()}
+    local_mean = np.mean([succ[a] for a in locals_], axis=0)
+    return {"goal_spec_hash": next(iter(loops.values()))["goal_spec_hash"],
+            "arms": {arm: {"rate": rate(succ[arm]), "success": succ[arm], "cross_wall": loop["cross_wall"],
+                           "cross_wall_rate": rate([s for s, w in zip(succ[arm], loop["cross_wall"], strict=True) if w]),
+                           "eval_cpu_seconds": loop["cpu_seconds"]} for arm, loop in loops.items()},
+            "gap": paired(succ["central"], local_mean),
+            "central_minus_warmstart": paired(succ["central"], succ["warmstart"]),
+            "eval_cpu_seconds": round(sum(loop["cpu_seconds"] for loop in loops.values()), 1)}
+
+
+def evaluate_candidate(factor: str, cfg, folder: Path, episodes: int, transfer_episodes: int = 0) -> dict | None:
     recs = trained_records(cfg, folder)
     if recs is None:
         say(f"[{factor}] not every arm is trained yet: skipped (run --stage train or all)")
         return None
     tasks, gsh = task_table(cfg, episodes)
-    cache = folder / "cache"
-    loops = {}
-    for arm in ["warmstart", "central", *local_arms(cfg)]:
-        loops[arm] = closed_loop(factor, arm, _checkpoint(recs[arm], folder), recs[arm]["checkpoint_hash"],
-                                 cfg, episodes, "mpc", cache)
-    warm = recs["warmstart"]
-    loops["random"] = closed_loop(factor, "random", _checkpoint(warm, folder), warm["checkpoint_hash"], cfg,
-                                  episodes, "random", cache)
-    for arm, loop in loops.items():
-        if loop["goal_spec_hash"] != gsh:
-            raise SystemExit(f"[{factor}] {arm} was scored on goal-spec {loop['goal_spec_hash'][:12]}, "
-                             f"the candidate's tasks are {gsh[:12]}")
+    loops = score_arms(factor, cfg, folder, recs, episodes, "heldout")
+    if loops["central"]["goal_spec_hash"] != gsh:
+        raise SystemExit(f"[{factor}] the arms were scored on goal-spec {loops['central']['goal_spec_hash'][:12]}, "
+                         f"the candidate's tasks are {gsh[:12]}")
     res = analyse_candidate(factor, cfg, tasks, loops, recs)
     res["goal_spec_hash"] = gsh
+    if transfer_episodes:
+        res["transfer"] = analyse_transfer(score_arms(factor, cfg, folder, recs, transfer_episodes, "factor"),
+                                           local_arms(cfg))
     g = res["gap"]
     say(f"[{factor}] central {res['arms']['central']['rate']['successes']}/{episodes}, local mean "
         f"{res['local_mean_rate']:.0%}, warm start {res['arms']['warmstart']['rate']['successes']}/{episodes}, "
@@ -576,12 +614,17 @@ def main(argv: list[str] | None = None) -> dict | None:
                     help="steps per trained arm, central and each local (default 1500: planning needs 1200-2000)")
     ap.add_argument("--episodes", type=int, default=100,
                     help="held-out tasks, shared by every arm (default 100: Wilson half-width <= 10 points)")
+    ap.add_argument("--transfer-episodes", type=int, default=0,
+                    help="also score every arm on this many tasks of the factor split (values no silo owns; "
+                         "for agent.region the whole arena: cross-room tasks); 0 skips it")
     ap.add_argument("--stage", choices=("all", "train", "eval"), default="all")
     ap.add_argument("--plan-only", action="store_true", help="print the cost model and exit")
     ap.add_argument("overrides", nargs="*", help="config overrides for every arm of every candidate")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmstart_steps < 1 or args.episodes < 1:
         raise SystemExit("--steps, --warmstart-steps and --episodes must be positive")
+    if args.transfer_episodes < 0:
+        raise SystemExit("--transfer-episodes must be >= 0")
     factors = parse_factors(args.factors)
     out = Path(args.out)
     if args.plan_only:
@@ -599,7 +642,7 @@ def main(argv: list[str] | None = None) -> dict | None:
 
     candidates = {}
     for f in factors:
-        res = evaluate_candidate(f, configs[f], out / f, args.episodes)
+        res = evaluate_candidate(f, configs[f], out / f, args.episodes, args.transfer_episodes)
         if res is not None:
             candidates[f] = res
     if not candidates:
@@ -607,13 +650,15 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
     rank = ranking(candidates)
     result = {"settings": {"steps": args.steps, "warmstart_steps": args.warmstart_steps, "episodes": args.episodes,
+                           "transfer_episodes": args.transfer_episodes,
                            "factors": factors, "overrides": args.overrides, "severity": {f: configs[f].data.severity
                                                                                          for f in candidates},
                            "eval": configs[factors[0]].eval.model_dump(mode="json"),
                            "cost_model": {"cpu_s_per_step": CPU_S_PER_STEP, "cpu_s_per_mpc_episode": CPU_S_PER_MPC_EPISODE}},
               "candidates": candidates, "ranking": rank, "choice": choice(rank),
               "train_cpu_seconds": round(sum(c["train_cpu_seconds"] for c in candidates.values()), 1),
-              "eval_cpu_seconds": round(sum(c["eval_cpu_seconds"] for c in candidates.values()), 1)}
+              "eval_cpu_seconds": round(sum(c["eval_cpu_seconds"] + (c.get("transfer") or {}).get("eval_cpu_seconds", 0)
+                                            for c in candidates.values()), 1)}
     write_report(out, result)
     say((out / "partition-pilot.md").read_text())
     return result

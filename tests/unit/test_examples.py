@@ -98,6 +98,15 @@ def test_partition_pilot_runs_every_arm_on_shared_tasks_and_resumes_from_its_cac
     with pytest.raises(SystemExit, match="other settings"):  # a changed warm start is never mixed in
         pilot.main([*argv[:4], "--warmstart-steps", "6", *argv[6:]])
 
+    # The transfer split is scored on request, from the cached training, on tasks of its own.
+    monkeypatch.undo()
+    extra = pilot.main([*argv, "--transfer-episodes", "2"])["candidates"]["agent.speed"]
+    assert extra["arms"] == first["candidates"]["agent.speed"]["arms"]  # the held-out scores are reused
+    tr = extra["transfer"]
+    assert set(tr["arms"]) == set(extra["arms"]) and {a["rate"]["n"] for a in tr["arms"].values()} == {2}
+    assert tr["goal_spec_hash"] != extra["goal_spec_hash"]
+    assert "Transfer tasks (2" in (out / "partition-pilot.md").read_text()
+
 
 def test_planning_pilot_costs_compose_and_the_wall_probe_rule():
     sys.path.insert(0, str(ROOT / "examples"))
