@@ -43,7 +43,10 @@ command resumes where it stopped, and a finished stage is never retrained or re-
     nice -n 19 .venv/bin/python examples/partition_pilot.py --factors agent.radius,agent.color &
     wait; .venv/bin/python examples/partition_pilot.py --stage eval           # cached: report only
 
-``--stage train`` only trains, ``--stage eval`` only scores what is trained (a candidate with an
+``--export DIR`` copies every stage record (no checkpoints, no data) and the report to DIR, which
+is then itself a valid ``--out`` for ``--stage eval``: commit it, and a later session rebuilds the
+report from it even after ``runs/`` is gone. ``--stage train`` only trains, ``--stage eval`` only
+scores what is trained (a candidate with an
 untrained arm is skipped, with a message) and writes the report; ``all`` (default) does both.
 Extra arguments are config overrides for every arm of every candidate (after the candidate's own,
 so ``data.severity=0.5`` wins). A finished stage whose settings differ from the current ones stops
@@ -603,6 +606,24 @@ def evaluate_candidate(factor: str, cfg, folder: Path, episodes: int, transfer_e
     return res
 
 
+def export_records(out: Path, dest: Path) -> list[Path]:
+    """Copy every stage record under ``out`` (each candidate's ``data.json``, ``<arm>/train.json``
+    and ``cache/*.json``, and the report) to ``dest``, leaving checkpoints and data behind. The
+    copy is itself a valid ``--out`` for ``--stage eval``: the report is rebuilt from the cached
+    per-episode outcomes without a checkpoint, so a session that lost ``runs/`` resumes from what
+    was committed (training a missing arm still needs its warm start's checkpoint)."""
+    copied = []
+    for src in sorted(out.rglob("*.json")) + sorted(out.glob("partition-pilot.md")):
+        rel = src.relative_to(out)
+        if "run" in rel.parts[:-1] or "data" in rel.parts[:1]:  # checkpoint folders, collections
+            continue
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(src.read_bytes())
+        copied.append(target)
+    return copied
+
+
 def main(argv: list[str] | None = None) -> dict | None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/partition-pilot")
@@ -619,6 +640,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                          "for agent.region the whole arena: cross-room tasks); 0 skips it")
     ap.add_argument("--stage", choices=("all", "train", "eval"), default="all")
     ap.add_argument("--plan-only", action="store_true", help="print the cost model and exit")
+    ap.add_argument("--export", metavar="DIR", help="copy every stage record and the report under --out to DIR "
+                    "(e.g. docs/results/partition-pilot, to commit), then exit")
     ap.add_argument("overrides", nargs="*", help="config overrides for every arm of every candidate")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmstart_steps < 1 or args.episodes < 1:
@@ -629,6 +652,10 @@ def main(argv: list[str] | None = None) -> dict | None:
     out = Path(args.out)
     if args.plan_only:
         print_plan(factors, args, out)
+        return None
+    if args.export:
+        copied = export_records(out, Path(args.export))
+        say(f"exported {len(copied)} records from {out} to {args.export}")
         return None
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)

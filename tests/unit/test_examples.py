@@ -107,6 +107,16 @@ def test_partition_pilot_runs_every_arm_on_shared_tasks_and_resumes_from_its_cac
     assert tr["goal_spec_hash"] != extra["goal_spec_hash"]
     assert "Transfer tasks (2" in (out / "partition-pilot.md").read_text()
 
+    # Exported records (no checkpoints) rebuild the same report in a fresh --out.
+    records = tmp_path / "records"
+    pilot.main([*argv, "--export", str(records)])
+    assert not list(records.rglob("*.pt")) and not list(records.rglob("run"))
+    for name in ("train_local", "train_warmstart", "evaluate"):
+        monkeypatch.setattr(pilot, name, boom)
+    rebuilt = pilot.main(["--out", str(records), *argv[2:], "--transfer-episodes", "2", "--stage", "eval"])
+    assert rebuilt["candidates"]["agent.speed"]["arms"] == extra["arms"]
+    assert rebuilt["candidates"]["agent.speed"]["transfer"] == tr
+
 
 def test_planning_pilot_costs_compose_and_the_wall_probe_rule():
     sys.path.insert(0, str(ROOT / "examples"))
