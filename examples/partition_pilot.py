@@ -46,8 +46,8 @@ command resumes where it stopped, and a finished stage is never retrained or re-
 ``--export DIR`` copies every stage record (no checkpoints, no data) and the report to DIR, which
 is then itself a valid ``--out`` for ``--stage eval``: commit it, and a later session rebuilds the
 report from it even after ``runs/`` is gone. ``--stage train`` only trains, ``--stage eval`` only
-scores what is trained (a candidate with an
-untrained arm is skipped, with a message) and writes the report; ``all`` (default) does both.
+scores what is trained (a candidate with an untrained arm is skipped, with a message) and writes
+the report; ``all`` (default) does both.
 Extra arguments are config overrides for every arm of every candidate (after the candidate's own,
 so ``data.severity=0.5`` wins). A finished stage whose settings differ from the current ones stops
 the pilot (use a new --out) rather than mixing two configurations.
