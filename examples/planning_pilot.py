@@ -73,7 +73,13 @@ from lensemble.eval.closed_loop import (
     pose_goal,
 )
 from lensemble.eval.goals import GoalProtocol, pose_task
-from lensemble.eval.ladder import PROBE_DIMS, LadderSettings, pixel_pca_probe_r2, run_ladder
+from lensemble.eval.ladder import (
+    PROBE_DIMS,
+    LadderSettings,
+    pixel_pca_probe_r2,
+    probe_train_frames,
+    run_ladder,
+)
 from lensemble.eval.routes import DOOR_MARGIN, TwoRoomDynamics
 from lensemble.eval.stats import holm, mcnemar_exact, wilson_interval
 from lensemble.model.encoder import embed_frames
@@ -218,11 +224,7 @@ def pixel_pca_probe(cfg) -> dict:
     probe (train frames evenly subsampled to 4096, scored on the held-out episodes)."""
     eval_batch, train = load_split(cfg, "heldout", progress=False)
     settings = LadderSettings()
-    obs_tr = np.concatenate([b.obs.reshape(-1, *b.obs.shape[-3:]) for b in train])
-    st_tr = np.concatenate([b.state.reshape(-1, b.state.shape[-1]) for b in train])
-    if obs_tr.shape[0] > settings.max_probe_frames:
-        keep = np.linspace(0, obs_tr.shape[0] - 1, settings.max_probe_frames).round().astype(int)
-        obs_tr, st_tr = obs_tr[keep], st_tr[keep]
+    obs_tr, st_tr = probe_train_frames(train, settings.max_probe_frames)
     dims = list(PROBE_DIMS[cfg.env.id])
     obs_te = eval_batch.obs.reshape(-1, *eval_batch.obs.shape[-3:])
     s_te = eval_batch.state.reshape(-1, eval_batch.state.shape[-1])[:, dims]

@@ -151,7 +151,9 @@ class EnvAdapter:
         self._defaults = {k: copy.deepcopy(self._space(k).init_value) for k in self._vspace.names()}
         self._touched: set[str] = set()
         self._factors: dict[str, Any] = {}
-        self.region: tuple[float, float] | None = None  # agent.region's x range (env px); None: the arena
+        # agent.region's x range (env px); None: no restriction (also for the whole arena, whose
+        # start/target sampling stays the env's own)
+        self.region: tuple[float, float] | None = None
         if env_id == TWOROOM:
             self._install_mask_cache()
         self._reset_done = False
@@ -191,7 +193,7 @@ class EnvAdapter:
         self._touched = set(factors)
         self._factors = {k: to_json_value(v) for k, v in {**factors, **adapter}.items()}
 
-    def _check_region(self, value) -> tuple[float, float]:
+    def _check_region(self, value) -> tuple[float, float] | None:
         if self.env_id != TWOROOM:
             raise ConfigError(f"{REGION_FACTOR} is a TwoRoom factor; {self.env_id} has no rooms",
                               remediation="use a factor from lensemble.envs.factor_catalog(env_id)")
@@ -200,19 +202,14 @@ class EnvAdapter:
         if not 0.0 <= lo < hi <= NATIVE_SIZE:
             raise ConfigError(f"{REGION_FACTOR} {value!r} is not an x range inside [0, {NATIVE_SIZE}]",
                               remediation="pick a value from lensemble.envs.factor_catalog(env_id)")
-        return lo, hi
+        return None if (lo, hi) == (0.0, float(NATIVE_SIZE)) else (lo, hi)
 
     def factor_values(self, keys=None) -> dict[str, Any]:
         """Current values of the given factor keys (default: the catalogued ones), JSON-ready.
         ``agent.region`` reads the adapter's range (the whole arena when none was set)."""
         keys = list(keys) if keys is not None else list(factor_catalog(self.env_id))
-        out = {}
-        for k in keys:
-            if k == REGION_FACTOR:
-                out[k] = [int(x) if float(x).is_integer() else x for x in (self.region or (0, NATIVE_SIZE))]
-            else:
-                out[k] = to_json_value(self._space(k).value)
-        return out
+        return {k: (self._factors.get(k, [0, NATIVE_SIZE]) if k in ADAPTER_FACTORS
+                    else to_json_value(self._space(k).value)) for k in keys}
 
     # ------------------------------------------------------------------ episode control
     def reset(self, seed: int, factors: Mapping[str, Any] | None = None) -> np.ndarray:
@@ -230,7 +227,7 @@ class EnvAdapter:
             warnings.filterwarnings("ignore", message=".*Casting input x to numpy array.*")
             self.env.reset(seed=int(seed) % (2**31 - 1))
         self._reset_done = True
-        if self.region is not None and self.region != (0.0, float(NATIVE_SIZE)):
+        if self.region is not None:
             self._place_in_region(seed)
         return self.render()
 
@@ -239,32 +236,38 @@ class EnvAdapter:
         # a narrower range re-draws both, from a stream of the reset seed the env does not use.
         rng = np.random.default_rng([int(seed) % 2**32, 0x7265_6769])  # "regi"
         u = self.unwrapped
-        start = self.sample_in_region(rng)
+        start = self._region_position(rng)
         # A target within two success radii would make the task trivial (success at the start).
         for _ in range(1000):
-            target = self.sample_in_region(rng)
+            target = self._region_position(rng)
             if np.linalg.norm(target - start) >= 2 * self.info.success_radius:
                 break
         u._set_state(start)
         u._set_goal_state(target)  # re-renders the target image
 
-    def sample_in_region(self, rng: np.random.Generator, tries: int = 1000) -> np.ndarray:
-        """A uniform agent position (2,) float32 whose x lies in the region (the whole arena when
-        none is set), inside the borders and outside the wall (door openings allowed): the region
-        the start, the target and the collection expert's waypoints are drawn in."""
+    def _region_position(self, rng: np.random.Generator) -> np.ndarray:
+        p = self.sample_free_position(rng, tries=1000)
+        if p is None:
+            raise ConfigError(f"no free agent position in {REGION_FACTOR} {self.region}",
+                              remediation="widen the region or shrink agent.radius")
+        return p
+
+    def sample_free_position(self, rng: np.random.Generator, tries: int = 100) -> np.ndarray | None:
+        """A uniform TwoRoom agent position (2,) float32 inside the borders and outside the wall
+        (door openings allowed), with x inside ``agent.region`` when one is set; None after
+        ``tries`` rejected draws. The start, the target and the collection expert's waypoints
+        are drawn with it; one ``rng.uniform`` call per draw for (x, y)."""
         self._require_reset()
         u = self.unwrapped
         radius = float(u.variation_space["agent"]["radius"].value.item())
         lo = u.BORDER_SIZE + radius + 1.0
         hi = u.IMG_SIZE - u.BORDER_SIZE - radius - 1.0
-        x_lo, x_hi = self.region or (lo, hi)
-        x_lo, x_hi = max(lo, x_lo), min(hi, x_hi)
+        x_lo, x_hi = (max(lo, self.region[0]), min(hi, self.region[1])) if self.region else (lo, hi)
         for _ in range(tries):
-            p = np.array([rng.uniform(x_lo, x_hi), rng.uniform(lo, hi)], np.float32)
-            if u._constrain_agent_not_in_wall(p):
+            p = rng.uniform([x_lo, lo], [x_hi, hi]).astype(np.float32)
+            if u._constrain_agent_not_in_wall(p):  # a position inside the wall is unreachable
                 return p
-        raise ConfigError(f"no free agent position in {REGION_FACTOR} {self.region}",
-                          remediation="widen the region or shrink agent.radius")
+        return None
 
     def step(self, action) -> tuple[np.ndarray, np.ndarray, bool]:
         """Apply one action (A,) and return (frame (H, W, 3) uint8, state (S,) float32, success)."""

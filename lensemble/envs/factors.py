@@ -54,9 +54,6 @@ class FactorSpec:
     public: tuple[int, ...]
     transfer: tuple[int, ...]
     description: str = ""
-    applied_by_adapter: bool = False
-    """True for a factor the env has no variation for (``agent.region``): the adapter applies it
-    at reset (:data:`ADAPTER_FACTORS`) and never passes it to the env's variation space."""
 
     @property
     def silo(self) -> tuple[int, ...]:
@@ -104,7 +101,8 @@ def _spec(key: str, values, period: int, description: str) -> FactorSpec:
 #: tasks). Placement is the adapter's (EnvAdapter.reset), seeded by the reset seed.
 REGION_FACTOR = "agent.region"
 REGION_LEFT, REGION_DOOR, REGION_RIGHT, REGION_ALL = [0, 112], [92, 132], [112, 224], [0, 224]
-#: Factors the env has no variation for; the adapter applies them.
+#: Factors the env has no variation for: the adapter applies them at reset and never passes them
+#: to the env's variation space.
 ADAPTER_FACTORS = frozenset({REGION_FACTOR})
 
 
@@ -128,8 +126,7 @@ def _tworoom_catalog() -> dict[str, FactorSpec]:
         # Roles are explicit, not _roles(): two silo values (the rooms), one public, one transfer.
         FactorSpec(REGION_FACTOR, (REGION_LEFT, REGION_DOOR, REGION_RIGHT, REGION_ALL), public=(1,),
                    transfer=(3,), description="x range the episode's start, target and expert waypoints "
-                   "lie in (state-space coverage; one room per silo at severity 1)",
-                   applied_by_adapter=True),
+                   "lie in (state-space coverage; one room per silo at severity 1)"),
     ]
     return {s.key: s for s in specs}
 

@@ -62,17 +62,8 @@ class TwoRoomExpert:
         self._waypoint = self._draw_waypoint(env)
 
     def _draw_waypoint(self, env: EnvAdapter) -> np.ndarray:
-        if env.region is not None:  # agent.region: waypoints stay in the episode's x range
-            return env.sample_in_region(self.rng)
-        u = env.unwrapped
-        radius = float(u.variation_space["agent"]["radius"].value.item())
-        lo = u.BORDER_SIZE + radius + 1.0
-        hi = u.IMG_SIZE - u.BORDER_SIZE - radius - 1.0
-        for _ in range(100):
-            p = self.rng.uniform(lo, hi, size=2).astype(np.float32)
-            if u._constrain_agent_not_in_wall(p):  # a waypoint inside the wall is unreachable
-                return p
-        return env.goal_state()
+        p = env.sample_free_position(self.rng)  # inside agent.region when one is set
+        return env.goal_state() if p is None else p
 
     def __call__(self, env: EnvAdapter) -> np.ndarray:
         pos = env.agent_position()

@@ -262,7 +262,11 @@ def pixel_pca_probe_r2(
         ridge: as in :func:`linear_probe_r2`.
 
     Pixels are scaled to [0, 1] and centred with the *train* mean; the basis is the top right
-    singular vectors of the centred train matrix (an exact SVD, so the result is deterministic).
+    singular vectors of the centred train matrix from a randomized SVD (``torch.svd_lowrank``:
+    ``components`` + 16 directions, 4 power iterations, a fixed seed, so the result is
+    deterministic). On 4096 frames of 64 px that takes ~1 s against ~73 s for the exact SVD on one
+    thread, and its subspace agreed with the exact one to a smallest principal cosine of 0.999999
+    (this matters: ``evaluate`` runs the ladder once per checkpoint).
     Returns what :func:`linear_probe_r2` returns.
     """
     if obs_train.ndim != 4 or obs_test.ndim != 4 or obs_train.shape[1:] != obs_test.shape[1:]:
@@ -276,9 +280,22 @@ def pixel_pca_probe_r2(
     k = min(components, x_tr.shape[0] - 1, x_tr.shape[1])
     if k < 1:
         raise EvaluationError("pixel PCA needs at least 2 training frames")
-    _, _, vh = torch.linalg.svd(x_tr - mu, full_matrices=False)  # float32: 4096 × 12288 fits in ~0.2 GB
-    basis = vh[:k].T
+    with torch.random.fork_rng(devices=[]):  # svd_lowrank draws from the global RNG: seed a private copy
+        torch.manual_seed(0)
+        _, _, v = torch.svd_lowrank(x_tr - mu, q=min(k + 16, *x_tr.shape), niter=4)
+    basis = v[:, :k]
     return linear_probe_r2((x_tr - mu) @ basis, s_train, (x_te - mu) @ basis, s_test, ridge=ridge)
+
+
+def probe_train_frames(train_batches: Sequence, max_frames: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every frame of the train batches, evenly subsampled to at most ``max_frames``: the frames
+    both probes are fitted on. Returns uint8 (n, H, W, 3) frames and their (n, S) states."""
+    obs = np.concatenate([b.obs.reshape(-1, *b.obs.shape[-3:]) for b in train_batches])
+    state = np.concatenate([b.state.reshape(-1, b.state.shape[-1]) for b in train_batches])
+    if obs.shape[0] > max_frames:
+        keep = np.linspace(0, obs.shape[0] - 1, max_frames).round().astype(int)
+        obs, state = obs[keep], state[keep]
+    return obs, state
 
 
 def _check_sequences(z: torch.Tensor, actions: torch.Tensor) -> None:
@@ -404,11 +421,7 @@ def run_ladder(
     say("ladder: linear probe (latents and the pixel-PCA baseline)")
     probe, per_dim, pixel_r2 = None, {}, None
     if train_batches:
-        obs_tr = np.concatenate([b.obs.reshape(-1, *b.obs.shape[-3:]) for b in train_batches])
-        st_tr = np.concatenate([b.state.reshape(-1, b.state.shape[-1]) for b in train_batches])
-        if obs_tr.shape[0] > settings.max_probe_frames:
-            keep = np.linspace(0, obs_tr.shape[0] - 1, settings.max_probe_frames).round().astype(int)
-            obs_tr, st_tr = obs_tr[keep], st_tr[keep]
+        obs_tr, st_tr = probe_train_frames(train_batches, settings.max_probe_frames)
         z_tr = encode_frames(enc, obs_tr, settings.batch_size)
         probe, r2 = linear_probe_r2(z_tr, torch.from_numpy(st_tr[:, dims]), z_eval, s_eval,
                                     ridge=settings.probe_ridge)
@@ -464,6 +477,7 @@ __all__ = [
     "linear_probe_r2",
     "one_step_error",
     "pixel_pca_probe_r2",
+    "probe_train_frames",
     "rollout_composite",
     "rollout_errors",
 ]

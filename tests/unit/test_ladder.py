@@ -146,6 +146,32 @@ def test_pixel_pca_probe_cannot_decode_positions_absent_from_training():
     assert per_dim[0] < 0.0
 
 
+def test_pixel_pca_probe_matches_the_exact_svd_and_is_deterministic():
+    # Frames = 12 smooth patterns mixed per frame + noise; the state is 2 of the mixing weights.
+    rng = np.random.default_rng(2)
+    patterns = rng.uniform(0, 1, size=(12, 8 * 8 * 3))
+    w_tr, w_te = rng.uniform(0, 1, size=(400, 12)), rng.uniform(0, 1, size=(200, 12))
+
+    def frames(w):
+        x = w @ patterns / 12 + rng.normal(0, 0.02, size=(len(w), patterns.shape[1]))
+        return (np.clip(x, 0, 1) * 255).round().astype(np.uint8).reshape(-1, 8, 8, 3)
+
+    f_tr, f_te = frames(w_tr), frames(w_te)
+    s_tr, s_te = torch.from_numpy(w_tr[:, :2]), torch.from_numpy(w_te[:, :2])
+    r2, _ = pixel_pca_probe_r2(f_tr, s_tr, f_te, s_te, components=12)
+    x_tr = torch.from_numpy(f_tr.reshape(400, -1)).double() / 255
+    x_te = torch.from_numpy(f_te.reshape(200, -1)).double() / 255
+    mu = x_tr.mean(0, keepdim=True)
+    basis = torch.linalg.svd(x_tr - mu, full_matrices=False)[2][:12].T
+    exact, _ = linear_probe_r2((x_tr - mu) @ basis, s_tr, (x_te - mu) @ basis, s_te)
+    assert r2 == pytest.approx(exact, abs=1e-4) and r2 > 0.9
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    assert pixel_pca_probe_r2(f_tr, s_tr, f_te, s_te, components=12)[0] == r2  # same seed every call
+    assert torch.equal(torch.rand(1), before)  # and the caller's RNG stream is untouched
+
+
 def test_pixel_pca_probe_rejects_bad_inputs():
     f = np.zeros((4, 8, 8, 3), np.uint8)
     s = torch.zeros(4, 2)
