@@ -51,6 +51,7 @@ _TRAIN_ADDED_DEFAULTS = {"bn_recalibration_batches": 40}
 _OBJECTIVE_ADDED_DEFAULTS = {"lambda_straight": 0.0, "lambda_rollout": 0.0}
 _EVAL_ADDED_DEFAULTS = {"goal_source": "expert", "cost": "l1", "reach_source": "public", "reach_aggregate": "final",
                         "reach_max_gap": 50, "reach_steps": 2000}
+_DATA_ADDED_DEFAULTS = {"shared_homes": False}
 _FEDERATION_ADDED_DEFAULTS = {"bn_recalibration": "probe", "secure_aggregation": False, "secagg_clip_range": 8.0,
                               "secagg_bits": 24, "secagg_max_norm": None, "secagg_threshold": 2}
 
@@ -186,11 +187,21 @@ class DataConfig(_Section):
     steps_per_episode: int = Field(100, ge=2)
     partition_factor: str = Field("agent.color", description="factor of variation defining silos")
     severity: float = Field(1.0, ge=0, le=1, description="0 = IID, 1 = disjoint factor values")
+    shared_homes: bool = Field(
+        False,
+        description="more silos than silo values at severity > 0: silo c owns the value its turn in the "
+        "shuffled pool gives it, so silos c and c + |pool| share one home value (e.g. 4 silos, two per room "
+        "of agent.region) instead of a ConfigError",
+    )
     random_action_share: float = Field(0.5, ge=0, le=1)
     heldout_episodes: int = Field(10, ge=0, description="held-out episodes per silo (episode split)")
     probe_frames: int = Field(256, ge=1, description="|P|: public probe frames")
     public_episodes: int = Field(40, ge=0, description="public-corpus episodes (warm start data)")
     workers: int = Field(2, ge=1, description="collection processes")
+
+    @model_serializer(mode="wrap")
+    def _omit_added_defaults(self, handler):
+        return _omit_defaults(handler(self), _DATA_ADDED_DEFAULTS)
 
 
 # The default gauge is the ladder's first rung (no gauge control); its flags are read from the rung

@@ -7,7 +7,9 @@ factor split), ``public`` values are kept for the public probe.
 
 Severity ``s`` in [0, 1]: each silo ``c`` owns a *home* set H_c of silo values (the silo values
 dealt round-robin after a seeded shuffle, so the H_c are disjoint and differ in size by at most
-one). Silo ``c``'s episodes follow the mixture
+one). With more silos than silo values, ``shared_homes`` gives silo ``c`` the single value at
+position ``c mod |pool|`` of that shuffle instead (silos ``c`` and ``c + |pool|`` share a home:
+four silos over agent.region's two rooms are two per room). Silo ``c``'s episodes follow the mixture
 
     p_c = s · Uniform(H_c) + (1 − s) · Uniform(all silo values)
 
@@ -96,12 +98,14 @@ def partition_silos(
     severity: float,
     seed: int,
     heldout_episodes: int = 0,
+    shared_homes: bool = False,
 ) -> SiloPlan:
     """Deal factor values to ``num_silos`` silos (see the module docstring).
 
     ``seed`` is the run's root seed; every random choice uses ``derive(seed, "partition", ...)``.
     Raises ConfigError when the factor is not partitionable in ``env_id``, the severity is outside
-    [0, 1], or a positive severity asks for more silos than there are silo values.
+    [0, 1], or a positive severity asks for more silos than there are silo values without
+    ``shared_homes``.
     """
     if not 0.0 <= float(severity) <= 1.0:
         raise ConfigError(f"severity {severity} is outside [0, 1]", remediation="set data.severity in [0, 1]")
@@ -110,13 +114,17 @@ def partition_silos(
                           remediation="fix data.num_silos / data.episodes_per_silo / data.heldout_episodes")
     spec = factor_spec(env_id, factor)
     pool = list(spec.silo)
-    if severity > 0 and num_silos > len(pool):
+    shared = num_silos > len(pool)
+    if severity > 0 and shared and not shared_homes:
         raise ConfigError(
             f"{num_silos} silos cannot each own values of {factor!r}: it has {len(pool)} silo values",
-            remediation=f"use at most {len(pool)} silos, severity 0, or another data.partition_factor",
+            remediation=f"use at most {len(pool)} silos, severity 0, data.shared_homes=true (silos share home "
+                        "values), or another data.partition_factor",
         )
     order = [int(i) for i in numpy_rng(seed, "partition", factor, "home").permutation(pool)]
-    home = [sorted(order[c::num_silos]) for c in range(num_silos)]
+    # Without sharing the homes are disjoint; with it (more silos than values) each silo owns one value.
+    home = ([[order[c % len(pool)]] for c in range(num_silos)] if shared and shared_homes
+            else [sorted(order[c::num_silos]) for c in range(num_silos)])
     train, heldout = [], []
     for c in range(num_silos):
         rng = numpy_rng(seed, "partition", factor, "silo", c)
@@ -142,7 +150,7 @@ def plan_from_config(cfg) -> SiloPlan:
     """:func:`partition_silos` with the values of a ``LensembleConfig``."""
     d = cfg.data
     return partition_silos(cfg.env.id, d.partition_factor, d.num_silos, d.episodes_per_silo,
-                           d.severity, cfg.root_seed, d.heldout_episodes)
+                           d.severity, cfg.root_seed, d.heldout_episodes, d.shared_homes)
 
 
 def check_partition_config(cfg) -> None:

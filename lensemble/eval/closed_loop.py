@@ -228,7 +228,7 @@ def eval_factor_values(cfg: LensembleConfig, env_id: str, split: str) -> tuple[l
         return [{key: v} for v in vals], tuple(_factor_label(key, v) for v in vals)
     d = cfg.data
     plan = partition_silos(env_id, key, d.num_silos, d.episodes_per_silo, d.severity, cfg.root_seed,
-                           d.heldout_episodes)
+                           d.heldout_episodes, d.shared_homes)
     seen = sorted(set().union(*(plan.seen_by(c) for c in range(plan.num_silos))))
     return [plan.factors(i) for i in seen], ()
 

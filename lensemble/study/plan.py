@@ -191,6 +191,7 @@ class PlannedRun:
     silo: int | None = None
     spec_hash: str = ""
     cells: list[str] = field(default_factory=list)   # "<group>/<point>" that use this run
+    warmstart: str | None = None     # run id of the warm start it starts from (None: the seed's)
 
 
 @dataclass
@@ -203,6 +204,10 @@ class StudyPlan:
     groups: dict[str, dict[str, dict]]
     warmstart: dict[int, str]   # seed -> warm-start run id (a study-level warm start maps every seed)
     configs: dict[str, object] = field(default_factory=dict, repr=False)  # run id -> composed config
+
+    def warmstart_of(self, run: PlannedRun) -> str:
+        """The warm start ``run`` starts from: its own (a sweep point with another model) or its seed's."""
+        return run.warmstart or self.warmstart[run.seed]
 
     def to_json(self) -> dict:
         return {"schema_version": 1, "study": self.name,
@@ -266,6 +271,8 @@ def plan_study(spec: StudySpec) -> StudyPlan:
 
     def add(run: PlannedRun, cell: str) -> str:
         run.overrides = normalize_overrides(run.overrides)
+        if run.kind != "warmstart" and point_warm:
+            run.warmstart = point_warm[run.seed]
         run.spec_hash = _spec_hash(run.kind, run.source, compose(run.overrides), spec.evaluation)
         rid = by_hash.get(run.spec_hash)
         if rid is None:
@@ -279,6 +286,7 @@ def plan_study(spec: StudySpec) -> StudyPlan:
 
     # The warm start: trained on public data only, with the study's base model and data settings.
     warm: dict[int, str] = {}
+    point_warm: dict[int, str] = {}  # seed -> the current sweep point's own warm start (read by add)
     ws_seeds = [spec.seeds[0]] if spec.warmstart == "study" else list(spec.seeds)
     all_seeds = sorted(set(spec.seeds) | {s for sw in spec.sweeps.values() for s in (sw.seeds or [])})
     for s in ws_seeds:
@@ -290,24 +298,39 @@ def plan_study(spec: StudySpec) -> StudyPlan:
     elif missing := [s for s in all_seeds if s not in warm]:
         raise ConfigError(f"sweep seeds {missing} are not study seeds; a per-seed warm start needs them in seeds")
 
-    points: list[tuple[str, str, str | None, str | None, list[str], list[int], bool]] = [
-        (LADDER, "default", None, None, spec.ladder_arms(), list(spec.seeds), False)]
+    points: list[tuple[str, str, str | None, str | None, list[str], list[int], bool, bool]] = [
+        (LADDER, "default", None, None, spec.ladder_arms(), list(spec.seeds), False, False)]
     for sname, sw in spec.sweeps.items():
         key, values = expand_sweep(sw.override)
         for v in values:
-            points.append((sname, v, key, v, list(sw.arms), list(sw.seeds or spec.seeds), sw.keep_budget))
+            points.append((sname, v, key, v, list(sw.arms), list(sw.seeds or spec.seeds), sw.keep_budget,
+                           sw.keep_data))
 
     base_cfg = compose(normalize_overrides(base))
     base_budget = base_cfg.federation.rounds * base_cfg.federation.inner_steps
-    for group, point, key, value, arms, seeds, keep_budget in points:
+    base_data = base_cfg.data.num_silos * base_cfg.data.episodes_per_silo
+    for group, point, key, value, arms, seeds, keep_budget, keep_data in points:
         ov = list(base) + ([f"{key}={value}"] if key else [])
         if keep_budget:
             h = compose(normalize_overrides(ov)).federation.inner_steps
             ov.append(f"federation.rounds={max(1, round(base_budget / h))}")
+        if keep_data:
+            c = compose(normalize_overrides(ov)).data.num_silos
+            ov.append(f"data.episodes_per_silo={max(1, round(base_data / c))}")
         cfg0 = compose(normalize_overrides(ov))
         budget = _budget(cfg0, spec.budget)
         cell = f"{group}/{point}"
         prefix = "" if group == LADDER else f"{group}-{slug(point)}-"
+        # A point with another model (a wider encoder) cannot start from the study's warm start: it
+        # gets its own, trained like the study's (public data, same steps, same seed scope).
+        point_warm = {}
+        if cfg0.model != base_cfg.model:
+            for s in ws_seeds:
+                rid = f"{prefix}warmstart" if spec.warmstart == "study" else f"{prefix}warmstart-s{s}"
+                w_ov = drop_keys(ov, FEDERATION_PREFIXES) + [f"root_seed={s}"]
+                point_warm[s] = add(PlannedRun(rid, "warmstart", "warmstart", s, w_ov, source="public"), cell)
+            if spec.warmstart == "study":
+                point_warm = {s: point_warm[spec.seeds[0]] for s in all_seeds}
         arm_runs: dict[str, dict[str, list[str]]] = {}
         for s in seeds:
             seed_ov = [f"root_seed={s}", f"eval.seed={s}"]

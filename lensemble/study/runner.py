@@ -142,7 +142,7 @@ class _Runner:
             summary["finished_at"] = now()
             return summary
 
-        ws = self.warmstart_checkpoint(self.plan.warmstart[run.seed])
+        ws = self.warmstart_checkpoint(self.plan.warmstart_of(run))
         if run.kind == "evaluate":
             # The warm-start-only arm: the warm start itself, evaluated on this seed's episodes.
             cfg = load_config(run.overrides + [f"run_dir={rd}"])
@@ -261,14 +261,14 @@ def _execute(spec, plan, todo, n_done, study_dir, scratch_dir, *, progress, keep
         rest = [r for r in todo if r.kind != "warmstart"]
         # The warm starts every worker reads are made here first, serially.
         warm = {}
-        for rid in sorted({plan.warmstart[r.seed] for r in rest}):
+        for rid in sorted({plan.warmstart_of(r) for r in rest}):
             summary, error, _ = guarded(plan.runs[rid], lambda rid=rid: runner.warmstart_checkpoint(rid))
             if error is None:
                 warm[rid] = summary
-        ready = [r for r in rest if plan.warmstart[r.seed] in warm]
+        ready = [r for r in rest if plan.warmstart_of(r) in warm]
         for r in rest:
             if r not in ready:
-                finished(r, None, f"warm start {plan.warmstart[r.seed]} failed", 0.0, 0)
+                finished(r, None, f"warm start {plan.warmstart_of(r)} failed", 0.0, 0)
 
         ctx = multiprocessing.get_context("spawn")
         payload = {"spec": spec.model_dump(mode="json"), "warmstart": {str(k): v for k, v in plan.warmstart.items()},

@@ -51,6 +51,8 @@ class SweepSpec(_Spec):
     arms: list[str]
     seeds: list[int] | None = Field(None, description="default: the study's seeds")
     keep_budget: bool = Field(False, description="federation.inner_steps sweeps: rounds = budget / H")
+    keep_data: bool = Field(False, description="data.num_silos sweeps: episodes_per_silo = the base config's "
+                            "num_silos × episodes_per_silo / C, so every point shares one total of data")
     description: str = ""
 
     @model_validator(mode="after")

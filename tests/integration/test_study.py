@@ -371,3 +371,34 @@ def test_old_summaries_fall_back_to_seed_pairing_and_say_so(tmp_path):
     assert row["estimate"] == pytest.approx(old["estimate"]) and row["p_value"] == pytest.approx(old["p_value"])
     v = row["variance"]
     assert v["per_seed_difference"] == pytest.approx(row["sd"] ** 2) and v["between_seed"] >= 0
+
+
+def test_region_preset_plan_keeps_data_and_gives_a_wider_model_its_own_warm_start():
+    spec = load_study_spec("region")
+    plan = plan_study(spec)
+    ladder = plan.groups["ladder"]["default"]
+    assert ladder["budget"]["central_steps"] == 2 * ladder["budget"]["local_steps"] == 400
+    # C = 4 over two rooms: four local models, each on half the episodes of a C = 2 silo
+    four = plan.groups["participants"]["4"]
+    assert len(four["arms"]["local"]["0"]) == 4
+    cfg4 = plan.configs[four["arms"]["naive"]["0"][0]]
+    cfg2 = plan.configs[ladder["arms"]["naive"]["0"][0]]
+    assert cfg4.data.num_silos * cfg4.data.episodes_per_silo == cfg2.data.num_silos * cfg2.data.episodes_per_silo
+    for seed, ids in plan.groups["participants"]["2"]["arms"]["naive"].items():
+        assert ids == ladder["arms"]["naive"][seed]  # C = 2 is the ladder's own setting: shared runs
+    # the wider encoder cannot load the study's warm start: its runs start from their own
+    wide = plan.groups["width"]["256"]
+    for per_seed in wide["arms"].values():
+        for seed, ids in per_seed.items():
+            for rid in ids:
+                ws = plan.warmstart_of(plan.runs[rid])
+                assert ws != plan.warmstart[int(seed)]
+                assert plan.runs[ws].kind == "warmstart"
+                assert plan.configs[ws].model.embed_dim == 256 == plan.configs[rid].model.embed_dim
+    # every other sweep point shares the seed's warm start (all arms of a seed start together)
+    for rid, run in plan.runs.items():
+        if run.kind != "warmstart" and not rid.startswith("width-"):
+            assert plan.warmstart_of(run) == plan.warmstart[run.seed]
+    # the severity points below 1 share nothing with the ladder but the warm start
+    assert plan.groups["severity"]["1.0"]["arms"]["anchor"]["0"] == ladder["arms"]["anchor"]["0"]
+    assert plan.groups["severity"]["0.5"]["arms"]["anchor"]["0"] != ladder["arms"]["anchor"]["0"]

@@ -60,3 +60,20 @@ def test_episode_counts_and_errors():
         _plan(1.0, silos=len(factor_spec(ENV, FACTOR).silo) + 1)
     with pytest.raises(ConfigError):
         partition_silos(ENV, "agent.mood", 2, 4, 1.0, 0)
+
+
+def test_shared_homes_give_more_silos_than_values_one_value_each():
+    # agent.region has two silo values (the rooms): four silos are two per room, each silo's
+    # episodes all in its room at severity 1, and the two silos of a room are distinct draws.
+    n_values = len(factor_spec(ENV, "agent.region").silo)
+    assert n_values == 2
+    with pytest.raises(ConfigError, match="shared_homes"):
+        partition_silos(ENV, "agent.region", 4, 8, 1.0, 0)
+    plan = partition_silos(ENV, "agent.region", 4, 8, 1.0, 0, shared_homes=True)
+    assert [len(h) for h in plan.home] == [1, 1, 1, 1]
+    assert plan.home[0] == plan.home[2] and plan.home[1] == plan.home[3] and plan.home[0] != plan.home[1]
+    for c in range(4):
+        assert set(plan.train[c]) == set(plan.home[c])
+    # sharing changes nothing when every silo can own a value of its own
+    assert partition_silos(ENV, "agent.region", 2, 8, 1.0, 0, shared_homes=True) == \
+        partition_silos(ENV, "agent.region", 2, 8, 1.0, 0)
