@@ -365,6 +365,7 @@ def estimate_seconds(spec: StudySpec, plan: StudyPlan) -> dict:
     """CPU seconds the runs of ``plan`` should take under ``spec.cost_model`` (planning aid)."""
     cm = spec.cost_model
     per_kind: dict[str, float] = {}
+    per_group: dict[str, float] = {}  # a shared run counts in the first cell that needs it
     total = 0.0
     for run in plan.runs.values():
         cfg = plan.configs.get(run.run_id) or load_config(run.overrides)
@@ -382,8 +383,11 @@ def estimate_seconds(spec: StudySpec, plan: StudyPlan) -> dict:
         total += sec
         key = run.kind if run.kind == "warmstart" else f"{run.kind}:{run.arm}"
         per_kind[key] = per_kind.get(key, 0.0) + sec
+        group = run.cells[0].split("/", 1)[0] if run.cells else "warmstart"
+        per_group[group] = per_group.get(group, 0.0) + sec
     return {"cpu_seconds": round(total), "cpu_hours": round(total / 3600, 2),
             "per_kind_seconds": {k: round(v) for k, v in sorted(per_kind.items())},
+            "per_group_hours": {k: round(v / 3600, 2) for k, v in per_group.items()},
             "cost_model": cm.model_dump(mode="json")}
 
 

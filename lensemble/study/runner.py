@@ -440,6 +440,9 @@ def run_study(
     say(f"study [bold]{spec.name}[/]: {len(plan.runs)} runs planned, {len(done)} done, {len(todo)} left "
         f"(≈ {estimate['cpu_hours']} CPU-hours in all, ≈ {left_est / 3600 / jobs:.1f} h left at jobs={jobs})"
         + (" — registry amended" if amend and done else ""))
+    say("  CPU-hours per group: " + ", ".join(f"{g} {h}" for g, h in estimate["per_group_hours"].items()))
+    for line in _power_lines(registry):
+        say("  " + line)
     failed: dict[str, str] = {}
     executed = 0
     if not plan_only and todo:
@@ -449,6 +452,19 @@ def run_study(
     if not plan_only:
         analysis, report = rebuild_report(study_dir, progress=progress)
     return StudyResult(study_dir, len(plan.runs), executed, len(done), failed, analysis, report)
+
+
+def _power_lines(registry: dict) -> list[str]:
+    """What the registered test can detect at the planned size (the registry's power analysis)."""
+    pa = registry["analysis"]["power_analysis"]
+    lines = [f"power of the registered test at {pa['n_seeds']} seeds × {pa['n_episodes_per_arm_and_seed']} "
+             f"episodes (α = {pa['alpha']}, first Holm step {pa['first_holm_threshold']:.3g}):"]
+    for name, c in pa["components"].items():
+        mde = c["mde_at_first_holm_step"]
+        lines.append(f"  {name}: δ = {c['delta']} {c['unit']}, MDE {'undefined' if mde is None else format(mde, '.3g')}, "
+                     f"power at δ {c['power_at_delta_first_holm_step']:.0%}")
+    lines += [f"  limitation: {x}" for x in pa["limitations"]]
+    return lines
 
 
 def report_result(study_dir: str | Path, *, progress: bool = True) -> StudyResult:

@@ -10,7 +10,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("script", ["planning_pilot.py", "central_quality.py", "partition_pilot.py", "bn_federation_pilot.py"])
+@pytest.mark.parametrize("script", ["planning_pilot.py", "central_quality.py", "partition_pilot.py", "bn_federation_pilot.py",
+                                    "seed_spread.py"])
 def test_example_imports_and_shows_its_help(script):
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--help"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
@@ -135,3 +136,48 @@ def test_planning_pilot_costs_compose_and_the_wall_probe_rule():
     truth, alt = torch.zeros(3, 2), torch.tensor([[1.0, 0.0]] * 3)
     pred = torch.tensor([[0.2, 0.0], [0.8, 0.0], [0.5, 0.1]])
     assert planning_pilot.closer_to_alternative(pred, truth, alt).tolist() == [False, True, False]
+
+
+def _seed_spread():
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import seed_spread
+    finally:
+        sys.path.pop(0)
+    return seed_spread
+
+
+def test_seed_spread_recovers_a_known_training_spread_and_sees_none_when_there_is_none():
+    import numpy as np
+
+    spread = _seed_spread().spread
+    rng = np.random.default_rng(0)
+
+    def estimate(sd_train, seeds=20, tasks=100, reps=200):
+        got = []
+        for _ in range(reps):
+            p = np.clip(0.6 + sd_train * rng.standard_normal(seeds), 0, 1)
+            y = (rng.random((seeds, tasks)) < p[:, None]).astype(float)
+            got.append(spread(y.mean(1), y.var(1, ddof=1) / tasks))
+        return (float(np.mean([g["sd_moments"] ** 2 for g in got])), float(np.mean([g["sd_raw"] for g in got])))
+
+    var_moments, _ = estimate(0.10)
+    assert abs(var_moments - 0.01) < 0.0015          # the method of moments is unbiased for sd_train²
+    var_moments, sd_raw = estimate(0.0)
+    # no training spread at all: the moments estimate stays near 0, while the raw SD is the
+    # binomial noise sqrt(0.24 / 100) ≈ 0.049 (why it is only an upper estimate)
+    assert var_moments < 0.0005 and 0.04 < sd_raw < 0.06
+
+
+def test_seed_spread_refuses_pilots_on_different_tasks(tmp_path):
+    import json
+
+    mod = _seed_spread()
+    for i, h in enumerate(("a", "b")):
+        d = tmp_path / f"p{i}"
+        d.mkdir()
+        cand = {"goal_spec_hash": h, "arms": {}}
+        (d / "partition-pilot.json").write_text(json.dumps(
+            {"settings": {"overrides": [f"root_seed={i}"]}, "candidates": {"agent.region": cand}}))
+    with pytest.raises(SystemExit, match="different tasks"):
+        mod.main([str(tmp_path / "p0"), str(tmp_path / "p1")])
