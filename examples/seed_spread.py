@@ -20,6 +20,12 @@ registry's planning model, :mod:`lensemble.study.power`):
     moments  sqrt(max(0, var_seed(rate) - mean_seed(var_task(outcome) / n))): the binomial part of
              that spread removed (method of moments; can be 0 with few seeds)
 
+The power model (:func:`lensemble.study.power.simulate_success`) gives a seed's paired difference
+between two arms the spread 2·sd_train², as if the arms' training noise were independent; but a
+seed's warm start and data move every arm of it together. So the script also computes sd_train
+from the per-seed central − local differences themselves (their spread / √2, raw and moments):
+the number that matters for a paired study, and the one to register when it is smaller.
+
 It also prints the per-seed central − local difference (the quantity the study pairs) with its SD,
 the mean within-seed episode correlation (phi) between central and each local model, and the MDE
 of the registered test (one-sided paired t at α / Holm size, simulated) at the planned seeds and
@@ -108,7 +114,12 @@ def main(argv=None) -> int:
         out["arms"][arm] = s
         print(f"  {arm:9s} rates {s['rates']}  sd raw {s['sd_raw']:.3f} (80 % upper {s['sd_raw_upper80']:.3f})"
               f"  moments {s['sd_moments']:.3f}")
-    diff = np.array([o["central"].mean() - o["local"].mean() for o in outs])
+    d = np.stack([o["central"] - o["local"] for o in outs])           # (seeds, tasks) paired differences
+    diff = d.mean(1)
+    # What the power model needs is the seed spread of the *difference* (2·sd_train² there): a seed's
+    # warm start and data move both arms, so this can be smaller than the per-arm spreads suggest.
+    paired = spread(diff, d.var(1, ddof=1) / n)
+    out["arms"]["paired"] = {k: (v / math.sqrt(2) if k != "rates" else v) for k, v in paired.items()}
     within = [[phi(np.asarray(c["arms"]["central"]["success"], float), np.asarray(v["success"], float))
                for k, v in c["arms"].items() if k.startswith("local-")] for c in cands]
     rho = float(np.nanmean([p for w in within for p in w]))
@@ -120,15 +131,20 @@ def main(argv=None) -> int:
     base = float(np.mean([o["central"].mean() for o in outs] + [o["local"].mean() for o in outs]))
     a = args.alpha / args.holm
     out["mde"] = {}
+    print(f"  sd_train implied by the paired differences (their seed spread / √2): raw "
+          f"{out['arms']['paired']['sd_raw']:.3f} (80 % upper {out['arms']['paired']['sd_raw_upper80']:.3f}), "
+          f"moments {out['arms']['paired']['sd_moments']:.3f}")
     for label in ("sd_moments", "sd_raw", "sd_raw_upper80"):
-        sd = float(np.nanmax([out["arms"][arm][label] for arm in ("central", "local")]))
-        mde = pw.simulated_success_mde(n_seeds=args.seeds, n_episodes=args.episodes, baseline=round(base, 2),
-                                       sd_train=round(sd, 3), episode_correlation=round(max(rho, 0.0), 2),
-                                       alpha=a, power=0.8, reps=2000)
-        out["mde"][label] = {"sd_train": sd, "mde": mde}
-        print(f"  MDE at {args.seeds} seeds × {args.episodes} episodes, α = {args.alpha}/{args.holm}, power 0.8, "
-              f"baseline {base:.2f}, sd_train = {label} {sd:.3f}: "
-              f"{'undefined' if mde is None else format(mde, '.3f')}")
+        for source in ("paired", "per-arm"):
+            arms = ("paired",) if source == "paired" else ("central", "local")
+            sd = float(np.nanmax([out["arms"][arm][label] for arm in arms]))
+            mde = pw.simulated_success_mde(n_seeds=args.seeds, n_episodes=args.episodes, baseline=round(base, 2),
+                                           sd_train=round(sd, 3), episode_correlation=round(max(rho, 0.0), 2),
+                                           alpha=a, power=0.8, reps=2000)
+            out["mde"][f"{source}:{label}"] = {"sd_train": sd, "mde": mde}
+            print(f"  MDE at {args.seeds} seeds × {args.episodes} episodes, α = {args.alpha}/{args.holm}, power 0.8, "
+                  f"baseline {base:.2f}, sd_train = {source} {label} {sd:.3f}: "
+                  f"{'undefined' if mde is None else format(mde, '.3f')}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
