@@ -402,6 +402,7 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
             groups.setdefault(g, {})[p] = {
                 "key": cell["key"], "value": cell["value"], "budget": cell["budget"], "seeds": cell["seeds"],
                 "arms": {arm: arm_stats(v, n_boot) for arm, v in vals.items()},
+                "runs": {arm: cell["arms"][arm] for arm in arms},  # seed -> run ids (shared runs share ids)
             }
     ladder = values.get(LADDER, {}).get("default", {})
 

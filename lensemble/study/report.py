@@ -20,11 +20,13 @@ from lensemble.config.rungs import RUNGS
 from lensemble.data.residency import guard_export
 from lensemble.errors import ConfigError
 from lensemble.eval.figures import empty_panel, pyplot, save_figure
+from lensemble.report.answer import format_bytes
 from lensemble.study.analysis import analyze
 from lensemble.study.files import atomic_write
 from lensemble.study.plan import LADDER
 from lensemble.study.registry import load_registry
 from lensemble.study.spec import ALL_ARMS, FEDERATED_ARMS
+from lensemble.study.tables import communication_rows, paired_vs_ladder
 
 FIG_DIR = "figures"
 FIGURES = ("drift_rounds.png", "success.png", "effective_dim.png", "latent_std.png", "rho_severity.png",
@@ -296,6 +298,14 @@ def write_figures(study_dir: Path, analysis: dict) -> list[str]:
 
 
 # ================================================================================== markdown
+def _same_runs(groups: dict, group: str, point: str, arm: str) -> bool:
+    """Whether the sweep point's arm *is* the ladder's on every seed it has (a sweep value equal to
+    the ladder's own setting plans no new run)."""
+    ladder = ((groups.get(LADDER) or {}).get("default") or {}).get("runs", {}).get(arm) or {}
+    mine = (((groups.get(group) or {}).get(point) or {}).get("runs") or {}).get(arm) or {}
+    return bool(mine) and all(ladder.get(s) == ids for s, ids in mine.items())
+
+
 def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
     st = analysis["status"]
     an = registry["analysis"]
@@ -402,6 +412,14 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
             for arm, s in cell["arms"].items():
                 lines.append(f"| {value} | {_ARM_LABEL.get(arm, arm)} | {s['n_seeds']} | {_stat(s.get('success'))} | "
                              f"{_stat(s.get('drift_final'))} | {_stat(s.get('effective_dim'))} |")
+        vs = [(value, arm, paired_vs_ladder(analysis["groups"], g, value, arm)) for value, cell in group.items()
+              for arm in cell["arms"]]
+        vs = [(v, a, r) for v, a, r in vs if r and r["n"] and not _same_runs(analysis["groups"], g, v, a)]
+        if vs:
+            lines += ["", "Against the ladder's same arm on the same seeds (success, per-seed paired difference, "
+                      "95 % t interval; descriptive, no multiplicity correction):", "",
+                      "| value | arm | seeds | point − ladder |", "|---|---|---|---|"]
+            lines += [f"| {v} | {_ARM_LABEL.get(a, a)} | {r['n']} | {_num(r['mean'])}{_ci(r['ci'])} |" for v, a, r in vs]
         rows = analysis["sweeps"].get(g, [])
         if any(r.get("rho") and r["rho"].get("n") for r in rows):
             lines += ["", "| value | ρ | verdict vs threshold |", "|---|---|---|"]
@@ -414,6 +432,24 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
             lines += [f"![The λ_anc sweep]({FIG_DIR}/lambda_anc.png)", ""]
         else:
             lines += [f"![{g}]({FIG_DIR}/sweep_{g}.png)", ""]
+
+    comm = communication_rows(analysis["groups"])
+    if comm:
+        lines += ["## Communication", "",
+                  "Bytes one federated run put on the wire (`fed/comm_bytes` summed over its rounds, mean over "
+                  "seeds), against per-step synchronisation: the same payload exchanged after each of the "
+                  "participant's rounds × H steps (H × the run's bytes). The last column compares with per-step "
+                  "synchronisation of the ladder's naive float32 payload (same model and participant count only).", "",
+                  "| group | value | arm | H | rounds | participants | bytes per round | bytes per run | "
+                  "per-step synchronisation | reduction | vs float32 per-step | success |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in comm:
+            lines.append(f"| {r['group']} | {r['point']} | {_ARM_LABEL.get(r['arm'], r['arm'])} | {r['inner_steps']} | "
+                         f"{r['rounds']} | {r['participants']} | {format_bytes(r['bytes_per_round'])} | "
+                         f"{format_bytes(r['total'])} | {format_bytes(r['per_step_sync'])} | "
+                         f"{_num(r['reduction'])}× | {'–' if r['reduction_vs_float32'] is None else _num(r['reduction_vs_float32']) + '×'} | "
+                         f"{_num(r['success'])} |")
+        lines.append("")
 
     pw = an["power_analysis"]
     now = analysis.get("power_at_analysis") or {}

@@ -1,0 +1,51 @@
+"""Known answers for the study report's derived tables (communication, sweep − ladder)."""
+
+import pytest
+
+from lensemble.study.tables import communication_rows, paired_vs_ladder
+
+
+def _arm(bytes_per_round, rounds, success_by_seed):
+    return {"curves": {"fed/comm_bytes": {"mean": [bytes_per_round] * rounds}},
+            "success": {"mean": sum(success_by_seed.values()) / len(success_by_seed)},
+            "per_seed": {s: {"success": v} for s, v in success_by_seed.items()}}
+
+
+def _groups():
+    budget = {"inner_steps": 50, "rounds": 4, "participants": 2, "participant_steps": 200}
+    return {
+        "ladder": {"default": {"key": None, "budget": budget,
+                               "arms": {"naive": _arm(1000.0, 4, {"0": 0.5, "1": 0.7}), "central": {"per_seed": {}}},
+                               "runs": {"naive": {"0": ["naive-s0"], "1": ["naive-s1"]}}}},
+        "int8": {"True": {"key": "federation.quantize_int8",
+                          "budget": budget, "arms": {"naive": _arm(250.0, 4, {"0": 0.4, "1": 0.5})},
+                          "runs": {"naive": {"0": ["int8-True-naive-s0"], "1": ["int8-True-naive-s1"]}}}},
+        "inner_steps": {"10": {"key": "federation.inner_steps",
+                               "budget": {**budget, "inner_steps": 10, "rounds": 20},
+                               "arms": {"naive": _arm(1000.0, 20, {"0": 0.6, "1": 0.8})}, "runs": {}}},
+        "width": {"256": {"key": "model.embed_dim", "budget": budget,
+                          "arms": {"naive": _arm(3000.0, 4, {"0": 0.5, "1": 0.7})}, "runs": {}}},
+    }
+
+
+def test_communication_rows_count_bytes_against_per_step_synchronisation():
+    rows = {(r["group"], r["point"]): r for r in communication_rows(_groups())}
+    lad = rows[("ladder", "default")]
+    assert lad["total"] == 4000 and lad["per_step_sync"] == 200_000 and lad["reduction"] == 50
+    assert lad["reduction_vs_float32"] == pytest.approx(50)
+    i8 = rows[("int8", "True")]
+    # int8 puts a quarter of the bytes on the wire: 4 × H against float32 per-step synchronisation
+    assert i8["total"] == 1000 and i8["reduction_vs_float32"] == pytest.approx(200)
+    h10 = rows[("inner_steps", "10")]
+    assert h10["rounds"] == 20 and h10["total"] == 20_000 and h10["reduction_vs_float32"] == pytest.approx(10)
+    # another model's payload is not comparable with the ladder's float32 payload
+    assert rows[("width", "256")]["reduction_vs_float32"] is None
+    assert rows[("width", "256")]["reduction"] == 50
+
+
+def test_paired_vs_ladder_is_the_mean_per_seed_difference_with_a_t_interval():
+    r = paired_vs_ladder(_groups(), "int8", "True", "naive")
+    assert r["n"] == 2 and r["mean"] == pytest.approx(-0.15)
+    # differences -0.1 and -0.2: sd 0.0707, t(0.975, 1) = 12.706 -> half-width 0.635
+    assert r["ci"][0] == pytest.approx(-0.15 - 0.6353, abs=1e-3) and r["ci"][1] == pytest.approx(-0.15 + 0.6353, abs=1e-3)
+    assert paired_vs_ladder(_groups(), "int8", "True", "anchor") is None
