@@ -10,6 +10,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _example(name: str):
+    """The example script ``examples/<name>.py`` imported as a module."""
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
+
+
 @pytest.mark.parametrize("script", ["planning_pilot.py", "central_quality.py", "partition_pilot.py", "bn_federation_pilot.py",
                                     "seed_spread.py"])
 def test_example_imports_and_shows_its_help(script):
@@ -20,11 +31,7 @@ def test_example_imports_and_shows_its_help(script):
 
 
 def test_pilot_variants_compose_into_valid_configs():
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        import planning_pilot
-    finally:
-        sys.path.pop(0)
+    planning_pilot = _example("planning_pilot")
     from lensemble.config import load_config
 
     for v in planning_pilot.VARIANTS:
@@ -37,12 +44,7 @@ def test_pilot_variants_compose_into_valid_configs():
 
 
 def _partition_pilot():
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        import partition_pilot
-    finally:
-        sys.path.pop(0)
-    return partition_pilot
+    return _example("partition_pilot")
 
 
 def test_partition_pilot_plan_only_prints_cpu_hours_that_scale_with_steps(capsys):
@@ -120,11 +122,7 @@ def test_partition_pilot_runs_every_arm_on_shared_tasks_and_resumes_from_its_cac
 
 
 def test_planning_pilot_costs_compose_and_the_wall_probe_rule():
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        import planning_pilot
-    finally:
-        sys.path.pop(0)
+    planning_pilot = _example("planning_pilot")
     from lensemble.config import load_config
 
     for name, overrides in planning_pilot.COSTS.items():
@@ -139,12 +137,7 @@ def test_planning_pilot_costs_compose_and_the_wall_probe_rule():
 
 
 def _seed_spread():
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        import seed_spread
-    finally:
-        sys.path.pop(0)
-    return seed_spread
+    return _example("seed_spread")
 
 
 def test_seed_spread_recovers_a_known_training_spread_and_sees_none_when_there_is_none():
