@@ -26,7 +26,7 @@ from lensemble.study.files import atomic_write
 from lensemble.study.plan import LADDER
 from lensemble.study.registry import load_registry
 from lensemble.study.spec import ALL_ARMS, FEDERATED_ARMS
-from lensemble.study.tables import communication_rows, paired_vs_ladder
+from lensemble.study.tables import achieved_precision, communication_rows, paired_vs_ladder
 
 FIG_DIR = "figures"
 FIGURES = ("drift_rounds.png", "success.png", "effective_dim.png", "latent_std.png", "rho_severity.png",
@@ -338,11 +338,30 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
               "one-sided paired t tests over seeds, Holm-adjusted over every component of its family: *confirmed* "
               "when H0 'no effect' is rejected at α and the estimate reaches δ; *falsified* when H0 'an effect of δ "
               "or more' is rejected at α; *inconclusive* otherwise. A claim with several parts (intersection-union) "
-              "is confirmed when every part is, falsified when any part is. Intervals: 95% Student t over seeds.", "",
-              "| claim | verdict | deciding numbers | why |", "|---|---|---|---|"]
+              "is confirmed when every part is, falsified when any part is. Intervals: 95% Student t over seeds. "
+              "Achieved MDE: what the registered test could detect with 80 % power at the first Holm step, from "
+              "the comparison's own per-seed SD and n; an inconclusive part whose interval is narrower than 2δ "
+              "still says that no effect as large as δ was present.", "",
+              "| claim | verdict | deciding numbers | achieved MDE; 95 % interval width against 2δ | why |",
+              "|---|---|---|---|---|"]
+    holm_k = max(len(an.get("confirmatory_components") or []), 1)
+    side = 1.0 if an.get("alternative", "one-sided") == "one-sided" else 0.5
+    a_first = side * an["alpha"] / holm_k
+
+    def precision(r: dict) -> str:
+        q = achieved_precision(r, alpha=a_first, power=an["power"])
+        unit = {"degrees": "°", "rate": "", "dimensions": " dims"}.get(r.get("unit", ""), "")
+        if q["achieved_mde"] is None and q["ci_width"] is None:
+            return f"{r['id']}: –"
+        flag = "" if q["narrower_than_2delta"] is None else (" < 2δ" if q["narrower_than_2delta"] else " ≥ 2δ")
+        return (f"{r['id']}: MDE {_num(q['achieved_mde'])}{unit}; width {_num(q['ci_width'])}{unit}{flag} "
+                f"(2δ = {_num(2 * r['delta'])}{unit})")
+
     for c in analysis["claims"]:
+        prec = "–"
         if c["id"] in ("C1", "C2"):
             nums = "<br>".join(_esc(_comp_numbers(r)) for r in c["components"])
+            prec = "<br>".join(_esc(precision(r)) for r in c["components"])
         elif c["id"] == "C3":
             nums = _esc(_rho_numbers(c.get("rho")))
         else:
@@ -350,7 +369,10 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
             nums = "<br>".join(
                 _esc(f"{p['sweep']}={p['value']}: C2 {p['C2']['label'] if p.get('C2') else '–'}, "
                      f"C3 {p['C3']['label']} ({_rho_numbers(p['C3'])})") for p in pts) or "no sweep points"
-        lines.append(f"| {c['id']} {_esc(c['title'])} | {_verdict(c['label'])} | {nums} | {_esc(c['reason'])} |")
+        if c["id"] == "C3" and None not in ((c.get("rho") or {}).get("rho_ci") or [None]):
+            lo, hi = c["rho"]["rho_ci"]
+            prec = _esc(f"ρ interval width {_num(hi - lo)}")
+        lines.append(f"| {c['id']} {_esc(c['title'])} | {_verdict(c['label'])} | {nums} | {prec} | {_esc(c['reason'])} |")
     lines.append("")
 
     arms = analysis["groups"].get(LADDER, {}).get("default", {}).get("arms", {})

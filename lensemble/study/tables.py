@@ -12,6 +12,7 @@ import math
 
 from scipy import stats
 
+from lensemble.study import power as pw
 from lensemble.study.plan import LADDER
 from lensemble.study.spec import FEDERATED_ARMS
 
@@ -83,4 +84,16 @@ def paired_vs_ladder(groups: dict, group: str, point: str, arm: str, metric: str
     return {"n": n, "mean": mean, "ci": [mean - half, mean + half]}
 
 
-__all__ = ["communication_rows", "paired_vs_ladder"]
+def achieved_precision(component: dict, *, alpha: float, power: float) -> dict:
+    """What one decided comparison could resolve, from its own data: the achieved MDE (the
+    registered one-sided t test at ``alpha`` with the observed per-seed SD and n, for ``power``)
+    and whether its 95 % interval is narrower than 2δ, the issue's bar for an inconclusive
+    verdict to say "no effect as large as δ" (width and the flag are None without an interval)."""
+    sd, n, ci, delta = component.get("sd"), component.get("n") or 0, component.get("ci"), component.get("delta")
+    mde = pw.t_mde(float(sd), int(n), alpha, power) if sd is not None and n >= 2 else None
+    width = float(ci[1] - ci[0]) if ci and None not in ci else None
+    return {"achieved_mde": mde, "ci_width": width,
+            "narrower_than_2delta": (width < 2 * float(delta)) if width is not None and delta else None}
+
+
+__all__ = ["achieved_precision", "communication_rows", "paired_vs_ladder"]

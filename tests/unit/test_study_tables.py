@@ -49,3 +49,19 @@ def test_paired_vs_ladder_is_the_mean_per_seed_difference_with_a_t_interval():
     # differences -0.1 and -0.2: sd 0.0707, t(0.975, 1) = 12.706 -> half-width 0.635
     assert r["ci"][0] == pytest.approx(-0.15 - 0.6353, abs=1e-3) and r["ci"][1] == pytest.approx(-0.15 + 0.6353, abs=1e-3)
     assert paired_vs_ladder(_groups(), "int8", "True", "anchor") is None
+
+
+def test_achieved_precision_is_the_t_mde_of_the_observed_spread_and_the_2delta_bar():
+    from scipy import stats
+
+    from lensemble.study.tables import achieved_precision
+
+    q = achieved_precision({"sd": 0.1, "n": 8, "ci": [-0.05, 0.12], "delta": 0.15}, alpha=0.0125, power=0.8)
+    # noncentral t: at the MDE the registered test rejects with probability 0.8
+    ncp = q["achieved_mde"] * 8 ** 0.5 / 0.1
+    assert stats.nct.sf(stats.t.ppf(1 - 0.0125, 7), 7, ncp) == pytest.approx(0.8, abs=1e-6)
+    assert q["ci_width"] == pytest.approx(0.17) and q["narrower_than_2delta"] is True
+    wide = achieved_precision({"sd": 0.1, "n": 8, "ci": [-0.2, 0.2], "delta": 0.15}, alpha=0.0125, power=0.8)
+    assert wide["narrower_than_2delta"] is False
+    assert achieved_precision({"sd": None, "n": 1, "ci": None, "delta": 0.15}, alpha=0.05, power=0.8) == \
+        {"achieved_mde": None, "ci_width": None, "narrower_than_2delta": None}
