@@ -45,6 +45,18 @@ def interactive(stream=None) -> bool:
         return False
 
 
+def format_bytes(n: float) -> str:
+    """``669952`` -> ``670.0 KB`` (powers of 1000)."""
+    n = float(n)
+    if n < 1000:
+        return f"{n:.0f} B"
+    for unit in ("KB", "MB", "GB", "TB"):
+        n /= 1000
+        if n < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
 def format_duration(seconds: float) -> str:
     """``7.3`` -> ``7.3s``, ``130`` -> ``2m10s``, ``3725`` -> ``1h02m05s``."""
     seconds = max(0.0, float(seconds))
@@ -207,4 +219,4 @@ class Heartbeat:
             self._thread.join(timeout=5)
 
 
-__all__ = ["Heartbeat", "PlainProgress", "format_duration", "interactive", "progress_bar", "progress_line", "say"]
+__all__ = ["Heartbeat", "PlainProgress", "format_bytes", "format_duration", "interactive", "progress_bar", "progress_line", "say"]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lensemble.eval.stats import compare_proportions, wilson_interval
+from lensemble.observability.progress import format_bytes  # re-exported for run_report
 
 Reading = Literal["better", "worse", "indistinguishable"]
 
@@ -139,18 +140,6 @@ def drift_sentence(rounds: Sequence[Mapping]) -> str:
     if isinstance(last.get("gauge/angle_to_warmstart_deg"), (int, float)):
         text += f". The global frame ended {_deg(float(last['gauge/angle_to_warmstart_deg']))} from the warm start's"
     return text + "."
-
-
-def format_bytes(n: float) -> str:
-    """``669952`` -> ``670.0 KB`` (powers of 1000)."""
-    n = float(n)
-    if n < 1000:
-        return f"{n:.0f} B"
-    for unit in ("KB", "MB", "GB", "TB"):
-        n /= 1000
-        if n < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}"
-    raise AssertionError("unreachable")
 
 
 def communication_sentence(rounds: Sequence[Mapping], inner_steps: int) -> str:

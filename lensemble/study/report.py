@@ -20,7 +20,7 @@ from lensemble.config.rungs import RUNGS
 from lensemble.data.residency import guard_export
 from lensemble.errors import ConfigError
 from lensemble.eval.figures import empty_panel, pyplot, save_figure
-from lensemble.report.answer import format_bytes
+from lensemble.observability.progress import format_bytes
 from lensemble.study.analysis import analyze
 from lensemble.study.files import atomic_write
 from lensemble.study.plan import LADDER
