@@ -369,6 +369,7 @@ def estimate_seconds(spec: StudySpec, plan: StudyPlan) -> dict:
     total = 0.0
     for run in plan.runs.values():
         cfg = plan.configs.get(run.run_id) or load_config(run.overrides)
+        group = run.cells[0].split("/", 1)[0] if run.cells else "warmstart"
         if run.kind == "warmstart":
             sec = cfg.train.warmstart_steps * cm.single_step
         elif run.kind == "single":
@@ -378,12 +379,12 @@ def estimate_seconds(spec: StudySpec, plan: StudyPlan) -> dict:
         else:
             per = cm.participant_step.get(run.arm, max(cm.participant_step.values(), default=cm.single_step))
             sec = cfg.federation.rounds * cfg.federation.inner_steps * cfg.data.num_silos * per
+        sec *= cm.sweep_step_factor.get(group, 1.0)  # training only: evaluation is added below
         if run.kind != "warmstart":
             sec += cfg.eval.episodes * cm.episode + (cm.ladder if spec.evaluation.ladder else 0.0)
         total += sec
         key = run.kind if run.kind == "warmstart" else f"{run.kind}:{run.arm}"
         per_kind[key] = per_kind.get(key, 0.0) + sec
-        group = run.cells[0].split("/", 1)[0] if run.cells else "warmstart"
         per_group[group] = per_group.get(group, 0.0) + sec
     return {"cpu_seconds": round(total), "cpu_hours": round(total / 3600, 2),
             "per_kind_seconds": {k: round(v) for k, v in sorted(per_kind.items())},

@@ -120,6 +120,9 @@ class CostModel(_Spec):
         "naive": 0.54, "sketch": 0.56, "backstop": 0.8, "anchor": 0.8, "distill": 1.5, "fork_a": 0.4})
     episode: float = Field(4.5, ge=0, description="one closed-loop MPC episode (CEM 300×30, 8 in parallel)")
     ladder: float = Field(14.0, ge=0, description="the evaluation ladder of one model, with its set-up")
+    sweep_step_factor: dict[str, float] = Field(
+        default_factory=dict, description="sweep name -> multiplier on the training seconds of its runs "
+        "(a wider model's steps cost more; measured, e.g. width: 2.5)")
 
 
 class StudySpec(_Spec):

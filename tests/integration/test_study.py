@@ -402,3 +402,18 @@ def test_region_preset_plan_keeps_data_and_gives_a_wider_model_its_own_warm_star
     # the severity points below 1 share nothing with the ladder but the warm start
     assert plan.groups["severity"]["1.0"]["arms"]["anchor"]["0"] == ladder["arms"]["anchor"]["0"]
     assert plan.groups["severity"]["0.5"]["arms"]["anchor"]["0"] != ladder["arms"]["anchor"]["0"]
+
+
+def test_sweep_step_factor_scales_only_that_sweeps_training_seconds():
+    from lensemble.study.plan import estimate_seconds
+
+    spec = load_study_spec("region")
+    plan = plan_study(spec)
+    plain = spec.model_copy(update={"cost_model": spec.cost_model.model_copy(update={"sweep_step_factor": {}})})
+    a, b = estimate_seconds(spec, plan)["per_group_hours"], estimate_seconds(plain, plan)["per_group_hours"]
+    assert {k for k in a if a[k] != b[k]} == {"width"}
+    cm = spec.cost_model
+    evals = sum(1 for r in plan.runs.values() if r.cells and r.cells[0].startswith("width/") and r.kind != "warmstart")
+    eval_h = evals * (plan.configs[next(iter(plan.runs))].eval.episodes * cm.episode + cm.ladder) / 3600
+    # (a - eval) = 2.5 (b - eval): the factor multiplies training, never evaluation
+    assert a["width"] - eval_h == pytest.approx(2.5 * (b["width"] - eval_h), abs=0.02)
