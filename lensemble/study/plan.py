@@ -325,7 +325,7 @@ def plan_study(spec: StudySpec) -> StudyPlan:
         # gets its own, trained like the study's (public data, same steps, same seed scope).
         point_warm = {}
         if cfg0.model != base_cfg.model:
-            for s in ws_seeds:
+            for s in (ws_seeds if spec.warmstart == "study" else seeds):  # only the seeds this point runs
                 rid = f"{prefix}warmstart" if spec.warmstart == "study" else f"{prefix}warmstart-s{s}"
                 w_ov = drop_keys(ov, FEDERATION_PREFIXES) + [f"root_seed={s}"]
                 point_warm[s] = add(PlannedRun(rid, "warmstart", "warmstart", s, w_ov, source="public"), cell)

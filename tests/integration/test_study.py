@@ -395,6 +395,9 @@ def test_region_preset_plan_keeps_data_and_gives_a_wider_model_its_own_warm_star
                 assert ws != plan.warmstart[int(seed)]
                 assert plan.runs[ws].kind == "warmstart"
                 assert plan.configs[ws].model.embed_dim == 256 == plan.configs[rid].model.embed_dim
+    # and only the point's own seeds get one (the width point runs 3 of the 8 seeds)
+    assert sorted(r for r in plan.runs if r.startswith("width-256-warmstart")) == \
+        [f"width-256-warmstart-s{s}" for s in spec.sweeps["width"].seeds]
     # every other sweep point shares the seed's warm start (all arms of a seed start together)
     for rid, run in plan.runs.items():
         if run.kind != "warmstart" and not rid.startswith("width-"):
