@@ -169,6 +169,17 @@ def power_analysis(spec, n_seeds: int, n_episodes: int, holm_k: int, *, ladder_k
     }
 
 
+# How claim 4's title names a sweep (by its preset name); others are named as they are.
+_SWEEP_PHRASES = {"severity": "non-IID severity", "participants": "participant count",
+                  "width": "a wider encoder (the scale step)"}
+
+
+def _sweep_phrase(names) -> str:
+    """``["severity", "participants"]`` -> ``"non-IID severity and participant count"``."""
+    parts = [_SWEEP_PHRASES.get(n, n) for n in names] or ["(no sweep)"]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
 def _claims(spec, plan) -> tuple[list[dict], list[dict]]:
     r = spec.registry
     d = r.delta
@@ -217,7 +228,7 @@ def _claims(spec, plan) -> tuple[list[dict], list[dict]]:
             "(INV-RESIDENCY, enforced by the participant egress allow-list)",
         },
         {
-            "id": "C4", "title": "Claims 2 and 3 hold across non-IID severity and participant count",
+            "id": "C4", "title": "Claims 2 and 3 hold across " + _sweep_phrase(r.claim4_sweeps),
             "hypothesis": ("At every value of the " + (", ".join(sweeps4) or "(none planned)") + " sweeps, the "
                            "C2 comparison and the C3 ρ test are confirmed."),
             "decision": ("intersection-union over sweep points (no multiplicity adjustment needed): confirmed "
