@@ -226,11 +226,17 @@ def eval_factor_values(cfg: LensembleConfig, env_id: str, split: str) -> tuple[l
         spec = factor_spec(env_id, key)
         vals = spec.values_at(spec.transfer)
         return [{key: v} for v in vals], tuple(_factor_label(key, v) for v in vals)
-    d = cfg.data
-    plan = partition_silos(env_id, key, d.num_silos, d.episodes_per_silo, d.severity, cfg.root_seed,
-                           d.heldout_episodes, d.shared_homes)
-    seen = sorted(set().union(*(plan.seen_by(c) for c in range(plan.num_silos))))
+    plan, seen = heldout_value_indices(cfg, env_id)
     return [plan.factors(i) for i in seen], ()
+
+
+def heldout_value_indices(cfg: LensembleConfig, env_id: str):
+    """The silo plan of ``cfg`` and the catalog indices the ``heldout`` split cycles through, in
+    order: episode i takes index ``seen[i mod len(seen)]`` (without ``eval.heldout_factors``)."""
+    d = cfg.data
+    plan = partition_silos(env_id, d.partition_factor, d.num_silos, d.episodes_per_silo, d.severity,
+                           cfg.root_seed, d.heldout_episodes, d.shared_homes)
+    return plan, sorted(set().union(*(plan.seen_by(c) for c in range(plan.num_silos))))
 
 
 # ================================================================================== episodes

@@ -46,6 +46,7 @@ from lensemble.eval.stats import (
 )
 from lensemble.study.files import atomic_write, load_failures, load_summaries
 from lensemble.study.gap import gap_recovery
+from lensemble.study.homes import home_split
 from lensemble.study.plan import LADDER
 from lensemble.study.registry import load_registry
 from lensemble.study.spec import ALL_ARMS
@@ -524,6 +525,7 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
         "claims": claims_out,
         "ladder_comparisons": lrows,
         "groups": groups,
+        "home_split": home_split(plan, summaries),
         "sweeps": sweeps,
         "cost": _cost(summaries),
         "hashes": {rid: {k: s.get(k) for k in ("config_hash", "manifest_hash", "checkpoint_hash",

@@ -412,6 +412,18 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
                      ("effective_dim.png", "Effective dimension"), ("latent_std.png", "Latent standard deviation")):
         lines += [f"![{cap}]({FIG_DIR}/{fig})", ""]
 
+    homes = analysis.get("home_split")
+    if homes:
+        lines += ["### Success on each silo's tasks", "",
+                  "Every held-out task belongs to the silo whose home values hold its factor value. A local model "
+                  "on its own silo's tasks against the other silos'; every other arm on its worst and its best "
+                  "silo's tasks (mean over seeds; descriptive, `lensemble.study.homes`).", "",
+                  "| arm | seeds | split | success |", "|---|---|---|---|"]
+        for arm, h in homes.items():
+            lines.append(f"| {_ARM_LABEL.get(arm, arm)} | {h['n_seeds']} | {h['labels'][0]} / {h['labels'][1]} | "
+                         f"{_num(h['values'][0])} / {_num(h['values'][1])} |")
+        lines.append("")
+
     if analysis["ladder_comparisons"]:
         lines += ["### Each rung against naive FedAvg (Holm across the ladder)", "",
                   "| comparison | estimate [95% CI] | n | pairing | p (no effect) | Holm | p (≥ δ) | Holm | verdict |",

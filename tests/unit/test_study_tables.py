@@ -65,3 +65,25 @@ def test_achieved_precision_is_the_t_mde_of_the_observed_spread_and_the_2delta_b
     assert wide["narrower_than_2delta"] is False
     assert achieved_precision({"sd": None, "n": 1, "ci": None, "delta": 0.15}, alpha=0.05, power=0.8) == \
         {"achieved_mde": None, "ci_width": None, "narrower_than_2delta": None}
+
+
+def test_episode_owners_follow_the_heldout_cycle_and_the_silos_homes():
+    from lensemble.config import load_config
+    from lensemble.eval.closed_loop import eval_factor_values, heldout_value_indices
+    from lensemble.study.homes import episode_owners, split_by_owner
+
+    cfg = load_config(["experiment=micro", "data.partition_factor=agent.region", "data.severity=1.0", "root_seed=3"])
+    plan, seen = heldout_value_indices(cfg, cfg.env.id)
+    owners = episode_owners(cfg, 6)
+    values, _ = eval_factor_values(cfg, cfg.env.id, "heldout")
+    for i, own in enumerate(owners):
+        # episode i's factor value is the one the evaluation itself plays, and its owner holds it at home
+        assert values[i % len(values)] == plan.factors(seen[i % len(seen)])
+        assert len(own) == 1 and seen[i % len(seen)] in plan.home[own[0]]
+    assert {o[0] for o in owners} == {0, 1}
+    eps = [{"index": i, "success": i < 2} for i in range(6)]  # episodes 0 and 1 succeed: one per room
+    split = split_by_owner(eps, owners, 2)
+    assert split[owners[0][0]] == pytest.approx(1 / 3) and split[owners[1][0]] == pytest.approx(1 / 3)
+    # severity 0: no silo owns a value at home, so nothing to split
+    iid = load_config(["experiment=micro", "data.partition_factor=agent.region", "data.severity=0.0"])
+    assert all(o == () for o in episode_owners(iid, 4))
