@@ -96,7 +96,7 @@ class _Runner:
         return self.scratch / run_id
 
     # -- warm start
-    def warmstart_checkpoint(self, run_id: str) -> str:
+    def warmstart_checkpoint(self, run_id: str, run: PlannedRun | None = None) -> str:
         """The warm start's checkpoint folder, training it if its scratch folder is gone (then
         its hash must equal the recorded one, or the arms of this study would not share it)."""
         if run_id in self._warm_ckpt:
@@ -108,14 +108,14 @@ class _Runner:
             if (folder / "header.json").exists() and read_header(folder)["content_hash"] == rec["checkpoint_hash"]:
                 self._warm_ckpt[run_id] = str(folder)
                 return str(folder)
-            summary = self._execute(self.plan.runs[run_id])
+            summary = self._execute(run or self.plan.runs[run_id])
             if summary["checkpoint_hash"] != rec["checkpoint_hash"]:
                 raise ConfigError(
                     f"the retrained warm start {run_id} hashes to {summary['checkpoint_hash'][:12]}…, the study "
                     f"recorded {rec['checkpoint_hash'][:12]}…: runs done so far used another warm start",
                     remediation=f"restore {self.run_dir(run_id)} or start a new study name")
         else:
-            summary = self._execute(self.plan.runs[run_id])
+            summary = self._execute(run or self.plan.runs[run_id])
             write_summary(self.study_dir, run_id, summary)
         folder = self.run_dir(run_id) / summary["checkpoint_rel"]
         self._warm_ckpt[run_id] = str(folder)
@@ -208,7 +208,7 @@ class _Runner:
 
     def run(self, run: PlannedRun) -> dict:
         if run.kind == "warmstart":
-            self.warmstart_checkpoint(run.run_id)
+            self.warmstart_checkpoint(run.run_id, run)  # a worker's plan holds no runs: pass it
             return json.loads(summary_path(self.study_dir, run.run_id).read_text())
         summary = self._execute(run)
         write_summary(self.study_dir, run.run_id, summary)
@@ -250,16 +250,59 @@ def _execute(spec, plan, todo, n_done, study_dir, scratch_dir, *, progress, keep
                 return None, _record_failure(study_dir, run, exc), time.perf_counter() - started
             return summary, None, time.perf_counter() - started
 
-        serial = todo if jobs == 1 else [r for r in todo if r.kind == "warmstart"]
-        for run in serial:
-            advance(0, info=f"running {run.run_id}")
-            summary, error, secs = guarded(run, lambda run=run: runner.run(run))
-            finished(run, summary, error, secs, len(todo) - executed - len(failed) - 1)
         if jobs == 1:
+            for run in todo:
+                advance(0, info=f"running {run.run_id}")
+                summary, error, secs = guarded(run, lambda run=run: runner.run(run))
+                finished(run, summary, error, secs, len(todo) - executed - len(failed) - 1)
             return executed, failed
 
+        ctx = multiprocessing.get_context("spawn")
+        seen_data: set = set()
+
+        def in_pool(queue: list, warm: dict) -> None:
+            # A sliding window of `jobs` runs in flight, in plan order (the ladder before the sweeps). The
+            # parent collects a run's data just before submitting it, so two workers never race on one
+            # data folder, and a study stopped early has not spent CPU collecting data for runs it never
+            # reached.
+            payload = {"spec": spec.model_dump(mode="json"),
+                       "warmstart": {str(k): v for k, v in plan.warmstart.items()},
+                       "warm": warm, "study_dir": str(study_dir), "scratch": str(scratch_dir)}
+            queue = list(queue)
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init) as pool:
+                in_flight: dict = {}
+
+                def submit_next() -> None:
+                    while queue and len(in_flight) < jobs:
+                        run = queue.pop(0)
+                        _prepare_data(run, plan.configs, seen_data)
+                        in_flight[pool.submit(_worker_run, payload, asdict(run))] = run
+
+                try:
+                    submit_next()
+                    while in_flight:
+                        finished_now, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
+                        for fut in finished_now:
+                            run = in_flight.pop(fut)
+                            status, data, secs = fut.result()
+                            remaining = len(queue) + len(in_flight)
+                            if status == "ok":
+                                finished(run, data, None, secs, remaining)
+                            elif status == "fail-closed" or not keep_going:
+                                raise _rebuild_error(data)
+                            else:
+                                finished(run, None, _record_failure(study_dir, run, None, text=data["text"],
+                                                                    tb=data["traceback"]), secs, remaining)
+                        submit_next()
+                except BaseException:
+                    for f in in_flight:
+                        f.cancel()
+                    raise
+
+        # The warm starts first, `jobs` at a time (each reads only its own seed's public data), then
+        # every other run from the warm start it names.
+        in_pool([r for r in todo if r.kind == "warmstart"], {})
         rest = [r for r in todo if r.kind != "warmstart"]
-        # The warm starts every worker reads are made here first, serially.
         warm = {}
         for rid in sorted({plan.warmstart_of(r) for r in rest}):
             summary, error, _ = guarded(plan.runs[rid], lambda rid=rid: runner.warmstart_checkpoint(rid))
@@ -269,44 +312,7 @@ def _execute(spec, plan, todo, n_done, study_dir, scratch_dir, *, progress, keep
         for r in rest:
             if r not in ready:
                 finished(r, None, f"warm start {plan.warmstart_of(r)} failed", 0.0, 0)
-
-        ctx = multiprocessing.get_context("spawn")
-        payload = {"spec": spec.model_dump(mode="json"), "warmstart": {str(k): v for k, v in plan.warmstart.items()},
-                   "warm": warm, "study_dir": str(study_dir), "scratch": str(scratch_dir)}
-        # A sliding window of `jobs` runs in flight, in plan order (the ladder before the sweeps). The
-        # parent collects a run's data just before submitting it, so two workers never race on one data
-        # folder, and a study stopped early has not spent CPU collecting data for runs it never reached.
-        queue = list(ready)
-        seen_data: set = set()
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init) as pool:
-            in_flight: dict = {}
-
-            def submit_next() -> None:
-                while queue and len(in_flight) < jobs:
-                    run = queue.pop(0)
-                    _prepare_data(run, plan.configs, seen_data)
-                    in_flight[pool.submit(_worker_run, payload, asdict(run))] = run
-
-            try:
-                submit_next()
-                while in_flight:
-                    finished_now, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
-                    for fut in finished_now:
-                        run = in_flight.pop(fut)
-                        status, data, secs = fut.result()
-                        remaining = len(queue) + len(in_flight)
-                        if status == "ok":
-                            finished(run, data, None, secs, remaining)
-                        elif status == "fail-closed" or not keep_going:
-                            raise _rebuild_error(data)
-                        else:
-                            finished(run, None, _record_failure(study_dir, run, None, text=data["text"],
-                                                                tb=data["traceback"]), secs, remaining)
-                    submit_next()
-            except BaseException:
-                for f in in_flight:
-                    f.cancel()
-                raise
+        in_pool(ready, warm)
     return executed, failed
 
 

@@ -420,3 +420,19 @@ def test_sweep_step_factor_scales_only_that_sweeps_training_seconds():
     eval_h = evals * (plan.configs[next(iter(plan.runs))].eval.episodes * cm.episode + cm.ladder) / 3600
     # (a - eval) = 2.5 (b - eval): the factor multiplies training, never evaluation
     assert a["width"] - eval_h == pytest.approx(2.5 * (b["width"] - eval_h), abs=0.02)
+
+
+def test_per_seed_warm_starts_train_in_the_worker_pool(tmp_path):
+    # jobs=2 trains the two seeds' warm starts side by side in workers, then every arm of a seed
+    # starts from its own seed's warm start.
+    kw = dict(name="tiny-ws", preset="tiny", out=tmp_path / "results", scratch=tmp_path / "scratch", progress=False)
+    ov = [f"data.root={tmp_path / 'data'}", "study.warmstart=seed", "study.baselines=[warmstart_only]",
+          "study.rungs=[naive]"]
+    res = study_command(ov, sweeps=["none"], jobs=2, **kw)
+    assert res.failed == {} and res.analysis["status"]["complete"]
+    runs = res.study_dir / "runs"
+    warm = {s: json.loads((runs / f"warmstart-s{s}.json").read_text())["checkpoint_hash"] for s in (0, 1)}
+    assert warm[0] != warm[1]
+    for s in (0, 1):
+        for rid in (f"warmstart_only-s{s}", f"naive-s{s}"):
+            assert json.loads((runs / f"{rid}.json").read_text())["warmstart_hash"] == warm[s]
