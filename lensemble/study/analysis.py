@@ -465,11 +465,14 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
                 points.append(row)
         labels = [x["label"] for r in points for x in (r.get("C2"), r["C3"]) if x]
         if not points:
-            label, reason = "inconclusive", "no severity or participant-count sweep ran in this study"
+            label, reason = "inconclusive", "no claim-4 sweep ran in this study"
         else:
             label = _combine(labels)
+            # name the points that decided the label: the falsifying ones, or those not confirmed
+            worst = "falsified" if label == "falsified" else None
             bad = [f"{r['sweep']}={r['value']}" for r in points
-                   if any(x and x["label"] != "confirmed" for x in (r.get("C2"), r["C3"]))]
+                   if any(x and (x["label"] == worst if worst else x["label"] != "confirmed")
+                          for x in (r.get("C2"), r["C3"]))]
             reason = ("every sweep point confirms claims 2 and 3" if label == "confirmed" else
                       f"{'falsified' if label == 'falsified' else 'not confirmed'} at {', '.join(bad)}")
         claims_out.append({"id": "C4", "title": c4["title"], "label": label, "reason": reason, "points": points})
