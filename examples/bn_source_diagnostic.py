@@ -8,7 +8,8 @@ room frames with door-band statistics, which a centralized or local model (recal
 training frames) never does. This script separates that from the averaging itself: it takes a
 finished federated run of a study, re-estimates only the BatchNorm running statistics on
 ``--source`` training batches (default ``pooled``: every silo's frames, the statistics a central
-model would have; the weights stay bitwise the same), and scores both the original and the
+model would have, re-estimated the way ``train_local`` does before saving; the weights stay
+bitwise the same), and scores both the original and the
 recalibrated model on the run's own evaluation tasks (``eval.seed`` = the run's seed: the tasks
 of the study's summary).
 
@@ -30,12 +31,11 @@ import torch
 
 from lensemble.artifacts.checkpoint import load_checkpoint, save_checkpoint
 from lensemble.config.loader import load_config
-from lensemble.config.seeds import torch_generator
 from lensemble.eval.closed_loop import evaluate
 from lensemble.eval.stats import wilson_interval
-from lensemble.model.encoder import recalibrate_batchnorm
 from lensemble.model.world_model import architecture, world_model_from_state
 from lensemble.training.datasets import training_sampler
+from lensemble.training.trainer import recalibrate_for_checkpoint
 
 
 def final_model_dir(run_dir: Path) -> Path:
@@ -45,15 +45,16 @@ def final_model_dir(run_dir: Path) -> Path:
     return rounds[-1] / "model"
 
 
-def recalibrated_copy(src: Path, dst: Path, cfg, source: str, batches: int) -> tuple[Path, int]:
-    """``src``'s weights with BatchNorm statistics re-estimated on ``batches`` training batches of
-    ``source`` (their own generator; no weight changes), written to ``dst``."""
+def recalibrated_copy(src: Path, dst: Path, cfg, source: str) -> tuple[Path, int]:
+    """``src``'s weights with BatchNorm statistics re-estimated exactly as ``train_local`` does
+    before it saves (:func:`lensemble.training.trainer.recalibrate_for_checkpoint`:
+    ``train.bn_recalibration_batches`` batches of ``source``), written to ``dst``; no weight
+    changes (checked). Returns the folder and the number of buffers that moved."""
     ckpt = load_checkpoint(src)
     model = world_model_from_state(ckpt.header["architecture"], ckpt.tensors)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     sampler, _ = training_sampler(cfg, source, progress=False)
-    gen = torch_generator(cfg.root_seed, "bn-diagnostic", source)
-    used = recalibrate_batchnorm(model.encoder, (sampler.sample(cfg.train.batch_size, gen).obs for _ in range(batches)))
+    used = recalibrate_for_checkpoint(model, cfg, sampler, source, step=0)
     after = model.state_dict()
     moved = [k for k in after if not torch.equal(after[k], before[k])]
     if any("running" not in k and "num_batches" not in k for k in moved):
@@ -71,7 +72,6 @@ def main(argv=None) -> int:
     ap.add_argument("--results", default="docs/results", help="where the study's summaries are")
     ap.add_argument("--scratch", default=None, help="the study's scratch folder (default runs/study/<study>)")
     ap.add_argument("--source", default="pooled", help="training frames for the statistics: pooled or silo-<i>")
-    ap.add_argument("--batches", type=int, default=40, help="recalibration batches (train.bn_recalibration_batches)")
     ap.add_argument("--out", default=None, help="write the result here (JSON)")
     args = ap.parse_args(argv)
     summary = json.loads((Path(args.results) / args.study / "runs" / f"{args.run}.json").read_text())
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     src = final_model_dir(scratch)
     if load_checkpoint(src).header["content_hash"] != summary["checkpoint_hash"]:
         raise SystemExit(f"{src} is not the checkpoint the summary recorded")
-    dst, n_moved = recalibrated_copy(src, scratch / "bn-diagnostic" / args.source, cfg, args.source, args.batches)
+    dst, n_moved = recalibrated_copy(src, scratch / "bn-diagnostic" / args.source, cfg, args.source)
     rows = {}
     for label, folder in (("as trained (probe statistics)", src), (f"statistics from {args.source}", dst)):
         rep = evaluate(folder, cfg.env.id, cfg=cfg, ladder=False, progress=False,
@@ -96,7 +96,8 @@ def main(argv=None) -> int:
     recorded = summary["eval"]["success_rate"]
     print(f"the study's summary recorded {recorded:.2f} on the same tasks; {n_moved} BatchNorm buffers moved")
     if args.out:
-        Path(args.out).write_text(json.dumps({"run": args.run, "source": args.source, "batches": args.batches,
+        Path(args.out).write_text(json.dumps({"run": args.run, "source": args.source,
+                                              "batches": cfg.train.bn_recalibration_batches,
                                               "recorded": recorded, "rows": rows}, indent=1))
     return 0
 

@@ -271,8 +271,6 @@ def plan_study(spec: StudySpec) -> StudyPlan:
 
     def add(run: PlannedRun, cell: str) -> str:
         run.overrides = normalize_overrides(run.overrides)
-        if run.kind != "warmstart" and point_warm:
-            run.warmstart = point_warm[run.seed]
         run.spec_hash = _spec_hash(run.kind, run.source, compose(run.overrides), spec.evaluation)
         rid = by_hash.get(run.spec_hash)
         if rid is None:
@@ -286,7 +284,6 @@ def plan_study(spec: StudySpec) -> StudyPlan:
 
     # The warm start: trained on public data only, with the study's base model and data settings.
     warm: dict[int, str] = {}
-    point_warm: dict[int, str] = {}  # seed -> the current sweep point's own warm start (read by add)
     ws_seeds = [spec.seeds[0]] if spec.warmstart == "study" else list(spec.seeds)
     all_seeds = sorted(set(spec.seeds) | {s for sw in spec.sweeps.values() for s in (sw.seeds or [])})
     for s in ws_seeds:
@@ -323,7 +320,7 @@ def plan_study(spec: StudySpec) -> StudyPlan:
         prefix = "" if group == LADDER else f"{group}-{slug(point)}-"
         # A point with another model (a wider encoder) cannot start from the study's warm start: it
         # gets its own, trained like the study's (public data, same steps, same seed scope).
-        point_warm = {}
+        point_warm: dict[int, str] = {}  # seed -> this point's own warm start (none: the seed's)
         if cfg0.model != base_cfg.model:
             for s in (ws_seeds if spec.warmstart == "study" else seeds):  # only the seeds this point runs
                 rid = f"{prefix}warmstart" if spec.warmstart == "study" else f"{prefix}warmstart-s{s}"
@@ -334,24 +331,26 @@ def plan_study(spec: StudySpec) -> StudyPlan:
         arm_runs: dict[str, dict[str, list[str]]] = {}
         for s in seeds:
             seed_ov = [f"root_seed={s}", f"eval.seed={s}"]
+            ws = point_warm.get(s)
             for arm in arms:
                 ids: list[str] = []
                 if arm == "warmstart_only":
                     # The warm start scored as it is: nothing trains, the seed's episodes are played.
                     single = drop_keys(ov, FEDERATION_PREFIXES) + seed_ov
                     ids.append(add(PlannedRun(f"{prefix}warmstart_only-s{s}", "evaluate", arm, s, single,
-                                              source="warmstart"), cell))
+                                              source="warmstart", warmstart=ws), cell))
                 elif arm == "central":
                     single = drop_keys(ov, FEDERATION_PREFIXES) + seed_ov + [f"train.steps={budget['central_steps']}"]
-                    ids.append(add(PlannedRun(f"{prefix}central-s{s}", "single", arm, s, single, source="pooled"), cell))
+                    ids.append(add(PlannedRun(f"{prefix}central-s{s}", "single", arm, s, single, source="pooled",
+                                              warmstart=ws), cell))
                 elif arm == "local":
                     single = drop_keys(ov, FEDERATION_PREFIXES) + seed_ov + [f"train.steps={budget['local_steps']}"]
                     for i in range(cfg0.data.num_silos):
                         ids.append(add(PlannedRun(f"{prefix}local-silo{i}-s{s}", "single", arm, s, single,
-                                                  source=f"silo-{i}", silo=i), cell))
+                                                  source=f"silo-{i}", silo=i, warmstart=ws), cell))
                 else:
                     fed = ov + arm_overrides(arm) + seed_ov
-                    ids.append(add(PlannedRun(f"{prefix}{arm}-s{s}", "federated", arm, s, fed), cell))
+                    ids.append(add(PlannedRun(f"{prefix}{arm}-s{s}", "federated", arm, s, fed, warmstart=ws), cell))
                 arm_runs.setdefault(arm, {})[str(s)] = ids
         groups.setdefault(group, {})[point] = {
             "key": key, "value": value, "overrides": normalize_overrides(ov), "seeds": seeds,

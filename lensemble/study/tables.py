@@ -8,10 +8,7 @@ them).
 
 from __future__ import annotations
 
-import math
-
-from scipy import stats
-
+from lensemble.eval.stats import paired_t_test
 from lensemble.study import power as pw
 from lensemble.study.plan import LADDER
 from lensemble.study.spec import FEDERATED_ARMS
@@ -77,12 +74,8 @@ def paired_vs_ladder(groups: dict, group: str, point: str, arm: str, metric: str
              if a[s].get(metric) is not None and b[s].get(metric) is not None]
     if len(diffs) < 2:
         return {"n": len(diffs), "mean": diffs[0] if diffs else None, "ci": None}
-    n = len(diffs)
-    mean = sum(diffs) / n
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
-    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
-    return {"n": n, "mean": mean, "ci": [mean - half, mean + half]}
-
+    t = paired_t_test(diffs, delta=1.0)  # the registered test's t interval; δ enters only its p-values
+    return {"n": t.n, "mean": t.estimate, "ci": [t.ci.low, t.ci.high]}
 
 def achieved_precision(component: dict, *, alpha: float, power: float) -> dict:
     """What one decided comparison could resolve, from its own data: the achieved MDE (the
