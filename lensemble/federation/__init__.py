@@ -9,6 +9,7 @@ nodes.
 - :mod:`~lensemble.federation.rounds` — the one round driver every engine uses;
 - :mod:`~lensemble.federation.inprocess` — the engine without Flower;
 - :mod:`~lensemble.federation.simulation` — every engine on one machine (Ray, in-process grid);
+- :mod:`~lensemble.federation.replay` — rounds of a finished run replayed, verified, their drift re-measured;
 - :mod:`~lensemble.federation.messages`, :mod:`~lensemble.federation.state` — what travels;
 - :mod:`~lensemble.federation.pseudograd`, :mod:`~lensemble.federation.release`,
   :mod:`~lensemble.federation.codec` — pseudo-gradients, clip/noise/int8, wire encoding;

@@ -331,9 +331,11 @@ class Coordinator:
             (self.run_dir / "drift" / f"round-{t:04d}.json").write_text(report.model_dump_json(indent=1))
             metrics.update(report.summary_metrics())
             metrics.update(report.pairwise_metrics())  # [gauge] between participants, no global frame
-        if not self.cfg.privacy.enabled:
-            metrics["gauge/drift_degenerate"] = int(report is None)
-        if ref_report is not None:
+        if report is not None:
+            # 1: some participant's full rotation was not identifiable this round, so the full-rotation
+            # angle is unmeasured (absent) while the identified-subspace numbers are still recorded.
+            metrics["gauge/drift_degenerate"] = int(bool(report.degenerate_pairs))
+        if ref_report is not None and ref_report.mean_global_angle_deg is not None:
             metrics["gauge/angle_to_warmstart_deg"] = ref_report.mean_global_angle_deg
 
         wire = wire_bytes if wire_bytes is not None else sum(payload_nbytes(replies[p].payload) for p in replies)
@@ -414,13 +416,12 @@ class Coordinator:
         return mean, accepted, dropped, metrics
 
     def _drift(self, embeddings: dict[str, torch.Tensor], t: int):
-        """FrameDriftReport, or None when some pair's rotation is not identifiable (collapse)."""
-        try:
-            return frame_drift(embeddings, round_index=t, probe_hash=self.probe_hash,
-                               expected_probe_hash=self.probe_hash, singular_floor=self.cfg.gauge.singular_floor,
-                               probe_subset={"role": "measurement", **self.split.record()})
-        except DegenerateProcrustes:
-            return None
+        """The round's FrameDriftReport. A pair whose full rotation is not identifiable (latents with
+        dead directions) is masked, not fatal: its full-rotation angle is None, its identified-subspace
+        numbers are kept (frame_drift, ``degenerate="mask"``)."""
+        return frame_drift(embeddings, round_index=t, probe_hash=self.probe_hash,
+                           expected_probe_hash=self.probe_hash, singular_floor=self.cfg.gauge.singular_floor,
+                           probe_subset={"role": "measurement", **self.split.record()}, degenerate="mask")
 
     def _commit(self, t: int, metrics: dict) -> None:
         folder = self._round_dir(t)

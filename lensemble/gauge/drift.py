@@ -258,10 +258,10 @@ class _Report(BaseModel):
 class DriftToGlobal(_Report):
     """One participant's frame against the global model's frame (Q maps participant -> global)."""
 
-    residual: float
-    """||Q - I||_F."""
-    angle_deg: float
-    """Geodesic angle sqrt(½ Σ θ_j²), degrees."""
+    residual: float | None
+    """||Q - I||_F; None when the rotation is not identifiable (``degenerate="mask"``)."""
+    angle_deg: float | None
+    """Geodesic angle sqrt(½ Σ θ_j²), degrees; None as ``residual``."""
     fit_residual: float
     """||E_c Q - E_global||_F / ||E_global||_F: how much of the difference a rotation explains."""
     reflection: bool
@@ -300,20 +300,23 @@ class FrameDriftReport(_Report):
     Magnitudes are symmetric in (a, b): Q_ba = Q_abᵀ has the same eigenvalue phases.
     """
 
-    schema_version: int = 2
+    schema_version: int = 3
     round_index: int
     probe_hash: str | None
     participants: list[str]
     num_probe: int
     latent_dim: int
     singular_floor: float
-    pairwise_residual: dict[str, float]
-    """||Q_ab - I||_F per pair (canonical drift magnitude)."""
-    pairwise_angle_deg: dict[str, float]
-    """Geodesic angle per pair, degrees."""
+    pairwise_residual: dict[str, float | None]
+    """||Q_ab - I||_F per pair (canonical drift magnitude); None for a degenerate pair."""
+    pairwise_angle_deg: dict[str, float | None]
+    """Geodesic angle per pair, degrees; None for a degenerate pair."""
     pairwise_fit_residual: dict[str, float]
     """||E_a Q - E_b||_F / ||E_b||_F per pair."""
     reflected_pairs: list[str]
+    degenerate_pairs: list[str] = []
+    """Pairs (``"a|b"``, ``"c|global"``) whose full rotation was not identifiable (version >= 3,
+    ``degenerate="mask"``): their full magnitudes, and every mean over them, are None."""
     drift_from_global: dict[str, DriftToGlobal]
     effective_dim: dict[str, float]
     """Participation ratio per key, the global model included."""
@@ -327,8 +330,8 @@ class FrameDriftReport(_Report):
     pairwise_relative_residual_before: dict[str, float] = {}
     """||E_a - E_b||_F / ||E_b||_F per pair (before alignment)."""
     pairwise_rotation_share: dict[str, float] = {}
-    pairwise_subspace_angle_deg: dict[str, float] = {}
-    pairwise_subspace_tilt_deg: dict[str, float] = {}
+    pairwise_subspace_angle_deg: dict[str, float | None] = {}
+    pairwise_subspace_tilt_deg: dict[str, float | None] = {}
     pairwise_subspace_rank: dict[str, int] = {}
     subspace_variance: float = 0.95
     """Energy share that defines the principal subspace of the target frame."""
@@ -390,8 +393,16 @@ class FrameDriftReport(_Report):
         return {k: v for k, v in pick.items() if v is not None}
 
 
-def _mean(values: list[float]) -> float | None:
-    return math.fsum(values) / len(values) if values else None
+def _mean(values: list[float | None]) -> float | None:
+    """Mean, or None when empty or when any value is unmeasured (a partial mean would describe
+    another set of participants)."""
+    if not values or any(v is None for v in values):
+        return None
+    return math.fsum(values) / len(values)
+
+
+def _none_if_nan(x: float) -> float | None:
+    return None if isinstance(x, float) and math.isnan(x) else x
 
 
 def _select_pairs(c: int, max_pairs: int | None, seed: int) -> tuple[list[tuple[int, int]], int, bool]:
@@ -451,6 +462,55 @@ def _subspace_magnitudes(q: torch.Tensor, basis: torch.Tensor, rank: torch.Tenso
     return within, tilt
 
 
+_SUBSPACE_AMBIGUITY_TOL = 1e-3
+"""Largest bound on the spectral norm of the unidentified part of Vᵀ Q V (the target subspace's
+block of Q) at which a degenerate pair's subspace angle and tilt are still reported: the block's
+polar factor, hence each of its angles, can then move by at most ~1e-3 rad (0.06°)."""
+
+
+def _polar_or_any(
+    m: torch.Tensor, singular_floor: float, labels: list[str], basis: torch.Tensor, rank: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_fast_polar_factors` for the identifiable items, *a* polar factor for the others.
+
+    Items that pass the singular floor get exactly the factor :func:`_fast_polar_factors` gives
+    them (each item's path depends on its own numbers only, so their bits are those of the raising
+    mode). A degenerate item gets U Vᵀ from its SVD: Q is then fixed on the singular directions
+    above the floor and arbitrary (any orthogonal pairing) on the directions below it, U₀ (source
+    side) and V₀ (target side). Its block C = V_rᵀ Q V_r in the target's principal subspace V_r
+    (d, r) is therefore ambiguous by at most ||V_rᵀ U₀||₂ · ||V₀ᵀ V_r||₂, returned per item.
+
+    Args:
+        m: (B, d, d) float64 cross-covariances; basis (B, d, d), rank (B,): the targets' subspaces.
+    Returns:
+        (Q (B, d, d), sigma (B, d) descending, degenerate (B,) bool, ambiguity bound (B,) float64,
+        0 for identified items).
+    """
+    try:
+        q, sigma = _fast_polar_factors(m, singular_floor, labels)
+        return q, sigma, torch.zeros(m.shape[0], dtype=torch.bool), torch.zeros(m.shape[0], dtype=torch.float64)
+    except DegenerateProcrustes:
+        pass
+    sv = torch.linalg.svdvals(m)
+    degenerate = (sv[:, 0] <= 0) | (sv[:, -1] < singular_floor * sv[:, 0])
+    q = torch.empty_like(m)
+    sigma = torch.empty_like(sv)
+    ambiguity = torch.zeros(m.shape[0], dtype=torch.float64)
+    ok = torch.nonzero(~degenerate).flatten()
+    if len(ok):
+        q[ok], sigma[ok] = _fast_polar_factors(m[ok], singular_floor, [labels[int(i)] for i in ok])
+    bad = torch.nonzero(degenerate).flatten()
+    u, s, vh = torch.linalg.svd(m[bad])
+    q[bad], sigma[bad] = u @ vh, s
+    below = ((s <= 0) | (s < singular_floor * s[:, :1]))[:, None, :].to(m.dtype)  # (k, 1, d) null columns
+    cols = torch.arange(m.shape[-1])
+    v_r = basis[bad] * (cols[None, :] < rank[bad][:, None])[:, None, :].to(m.dtype)  # (k, d, d), r columns kept
+    left = torch.linalg.matrix_norm(v_r.mT @ (u * below), ord=2)
+    right = torch.linalg.matrix_norm((vh.mT * below).mT @ v_r, ord=2)
+    ambiguity[bad] = left * right
+    return q, sigma, degenerate, ambiguity
+
+
 def _measure(
     sources: torch.Tensor,
     targets: torch.Tensor,
@@ -460,6 +520,7 @@ def _measure(
     singular_floor: float,
     basis: torch.Tensor,
     rank: torch.Tensor,
+    mask: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Batched Procrustes, drift magnitudes and the weighted misalignment for B pairs.
 
@@ -467,11 +528,21 @@ def _measure(
         sources, targets: (B, n, d) float64, or broadcastable (1, n, d).
         source_sq, target_sq: their squared Frobenius norms, (B,) or (1,).
         basis, rank: the targets' principal bases (B or 1, d, d) and subspace ranks (B or 1,).
+        mask: a degenerate pair does not raise (see :func:`_polar_or_any`): NaN where unmeasured.
     Returns:
-        {"frob", "angle", "fit", "refl", "before", "share", "sub_angle", "sub_tilt", "sub_rank"}, each (B,).
+        {"frob", "angle", "fit", "refl", "before", "share", "sub_angle", "sub_tilt", "sub_rank",
+        "degenerate", "ambiguity"}, each (B,).
     """
     m = sources.mT @ targets  # (B, d, d) cross-covariances, one batched GEMM
-    q, sigma = _fast_polar_factors(m, singular_floor, labels)
+    b = m.shape[0]
+    basis = basis.expand(b, -1, -1)
+    rank = rank.expand(b)
+    if mask:
+        q, sigma, degenerate, ambiguity = _polar_or_any(m, singular_floor, labels, basis, rank)
+    else:
+        q, sigma = _fast_polar_factors(m, singular_floor, labels)
+        degenerate = torch.zeros(b, dtype=torch.bool)
+        ambiguity = torch.zeros(b, dtype=torch.float64)
     frob, angle, refl = _fast_drift_magnitudes(q)
     tiny = torch.finfo(torch.float64).tiny
     t_norm = torch.sqrt(target_sq).clamp_min(tiny)
@@ -483,12 +554,16 @@ def _measure(
     fit = (torch.sqrt(fit2) / t_norm).expand_as(frob)
     before = (torch.sqrt(before2) / t_norm).expand_as(frob)
     share = torch.where(before2 > 0, 1.0 - fit2 / before2.clamp_min(tiny), torch.zeros_like(before2)).expand_as(frob)
-    b = q.shape[0]
-    basis = basis.expand(b, -1, -1)
-    rank = rank.expand(b)
     sub_angle, sub_tilt = _subspace_magnitudes(q, basis, rank)
-    return {"frob": frob, "angle": angle, "fit": fit, "refl": refl, "before": before, "share": share,
-            "sub_angle": sub_angle, "sub_tilt": sub_tilt, "sub_rank": rank}
+    nan = torch.full_like(frob, math.nan)
+    # A degenerate item's full rotation is not identified: its magnitudes are unmeasured (NaN ->
+    # None in the report). Its subspace ones are kept only where the unidentified part of Q cannot
+    # reach the subspace (ambiguity bound below _SUBSPACE_AMBIGUITY_TOL).
+    unidentified = ambiguity > _SUBSPACE_AMBIGUITY_TOL
+    return {"frob": torch.where(degenerate, nan, frob), "angle": torch.where(degenerate, nan, angle),
+            "fit": fit, "refl": refl & ~degenerate, "before": before, "share": share,
+            "sub_angle": torch.where(unidentified, nan, sub_angle), "sub_tilt": torch.where(unidentified, nan, sub_tilt),
+            "sub_rank": rank, "degenerate": degenerate, "ambiguity": ambiguity}
 
 
 _Chunk = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "slice | torch.Tensor", list[str],
@@ -499,7 +574,7 @@ view; an index tensor (sampled pairs) is gathered only when the chunk runs, so a
 copies exist at once."""
 
 
-def _measure_chunks(tasks: list[_Chunk], singular_floor: float, workers: int) -> list[dict[str, list]]:
+def _measure_chunks(tasks: list[_Chunk], singular_floor: float, workers: int, mask: bool = False) -> list[dict[str, list]]:
     """:func:`_measure` every chunk, ``workers`` chunks at a time; results in task order.
 
     The decompositions are d x d (d ~ 10^2): too small for LAPACK to use several threads well, so
@@ -510,7 +585,8 @@ def _measure_chunks(tasks: list[_Chunk], singular_floor: float, workers: int) ->
     """
     def one(task: _Chunk):
         sources, pool, source_sq, pool_sq, sel, labels, bases, ranks = task
-        out = _measure(sources, pool[sel], source_sq, pool_sq[sel], labels, singular_floor, bases[sel], ranks[sel])
+        out = _measure(sources, pool[sel], source_sq, pool_sq[sel], labels, singular_floor, bases[sel], ranks[sel],
+                       mask)
         return {k: v.tolist() for k, v in out.items()}
 
     previous = torch.get_num_threads()
@@ -539,6 +615,7 @@ def frame_drift(
     workers: int | None = None,
     variance: float = 0.95,
     probe_subset: dict | None = None,
+    degenerate: str = "raise",
 ) -> FrameDriftReport:
     """Pairwise frame drift between participants (and against the global model) on a probe.
 
@@ -559,6 +636,13 @@ def frame_drift(
         variance: energy share of the target's principal subspace (``subspace_*`` fields).
         probe_subset: recorded as is: which probe frames the embeddings are (e.g. the
             measurement part of :func:`lensemble.data.probe.split_probe`, with its hash).
+        degenerate: ``"raise"``: a pair whose full rotation is not identifiable raises
+            DegenerateProcrustes. ``"mask"``: it is listed in ``degenerate_pairs``, its ||Q − I||_F
+            and geodesic angle are None (unmeasured, and so is any mean over them), and its
+            variance-weighted numbers are still reported: the residuals and rotation share always
+            (they need only the singular values), the subspace angle and tilt where the
+            unidentified part of Q provably cannot reach the target's principal subspace
+            (``_SUBSPACE_AMBIGUITY_TOL``). Identifiable pairs read bit for bit as under "raise".
 
     Returns:
         FrameDriftReport. Bitwise identical for identical inputs (ids are sorted, the pair
@@ -566,8 +650,9 @@ def frame_drift(
 
     Raises:
         ProbeError: probe hash mismatch (fail-closed).
-        DegenerateProcrustes: a pair's cross-covariance is near rank-deficient (named in the
-            error), e.g. collapsed latents or fewer probe frames than latent dimensions.
+        DegenerateProcrustes: (``degenerate="raise"``) a pair's cross-covariance is near
+            rank-deficient (named in the error), e.g. collapsed latents, latents with dead
+            directions, or fewer probe frames than latent dimensions.
         GaugeError / ConfigError: malformed embeddings / arguments.
 
     Cost: one (d x n)(n x d) GEMM, one d x d symmetric eigendecomposition (of MᵀM), one d x d
@@ -596,6 +681,8 @@ def frame_drift(
         raise ConfigError(f"workers must be a positive int or None, got {workers!r}")
     if not 0.0 < float(variance) <= 1.0:
         raise ConfigError(f"variance must be in (0, 1], got {variance!r}")
+    if degenerate not in ("raise", "mask"):
+        raise ConfigError(f"degenerate must be 'raise' or 'mask', got {degenerate!r}")
     if not isinstance(embeddings, Mapping) or len(embeddings) == 0:
         raise GaugeError("embeddings must be a non-empty mapping id -> (n, d) tensor")
     for key in embeddings:
@@ -662,32 +749,38 @@ def frame_drift(
             global_tasks.append((stacked[start:stop], g, sq_norms[start:stop], g_sq, slice(None), labels,
                                  g_bases, g_ranks))
 
-    measured = _measure_chunks(pair_tasks + global_tasks, singular_floor, workers)
+    measured = _measure_chunks(pair_tasks + global_tasks, singular_floor, workers, mask=degenerate == "mask")
 
     fields = ("frob", "angle", "fit", "before", "share", "sub_angle", "sub_tilt", "sub_rank")
-    pair_vals: dict[str, dict[str, float]] = {f: {} for f in fields}
+    pair_vals: dict[str, dict[str, float | None]] = {f: {} for f in fields}
     reflected: list[str] = []
+    degenerate_pairs: list[str] = []
     for task, res in zip(pair_tasks, measured[: len(pair_tasks)], strict=True):
         for b, label in enumerate(task[5]):
             for f in fields:
-                pair_vals[f][label] = res[f][b]
+                pair_vals[f][label] = _none_if_nan(res[f][b])
             if res["refl"][b]:
                 reflected.append(label)
+            if res["degenerate"][b]:
+                degenerate_pairs.append(label)
 
     from_global: dict[str, DriftToGlobal] = {}
     for task, res in zip(global_tasks, measured[len(pair_tasks) :], strict=True):
         for b, label in enumerate(task[5]):
             from_global[label.split(PAIR_SEP)[0]] = DriftToGlobal(
-                residual=res["frob"][b], angle_deg=res["angle"][b], fit_residual=res["fit"][b],
-                reflection=bool(res["refl"][b]), relative_residual_before=res["before"][b],
-                rotation_share=res["share"][b], subspace_angle_deg=res["sub_angle"][b],
-                subspace_tilt_deg=res["sub_tilt"][b], subspace_rank=int(res["sub_rank"][b]),
+                residual=_none_if_nan(res["frob"][b]), angle_deg=_none_if_nan(res["angle"][b]),
+                fit_residual=res["fit"][b], reflection=bool(res["refl"][b]),
+                relative_residual_before=res["before"][b], rotation_share=res["share"][b],
+                subspace_angle_deg=_none_if_nan(res["sub_angle"][b]),
+                subspace_tilt_deg=_none_if_nan(res["sub_tilt"][b]), subspace_rank=int(res["sub_rank"][b]),
             )
+            if res["degenerate"][b]:
+                degenerate_pairs.append(label)
 
     pair_labels = sorted(pair_vals["frob"])
 
     def table(f: str, cast=float) -> dict:
-        return {k: cast(pair_vals[f][k]) for k in pair_labels}
+        return {k: (None if pair_vals[f][k] is None else cast(pair_vals[f][k])) for k in pair_labels}
 
     def mean_of(f: str) -> float | None:
         return _mean([pair_vals[f][k] for k in pair_labels])
@@ -706,6 +799,7 @@ def frame_drift(
         pairwise_angle_deg=table("angle"),
         pairwise_fit_residual=table("fit"),
         reflected_pairs=sorted(reflected),
+        degenerate_pairs=sorted(degenerate_pairs),
         drift_from_global=from_global,
         effective_dim={k: effective_dim(mats[k]) for k in keys},
         sampling=PairSampling(
@@ -717,7 +811,8 @@ def frame_drift(
         ),
         mean_pairwise_residual=mean_of("frob"),
         mean_pairwise_angle_deg=mean_of("angle"),
-        max_pairwise_angle_deg=max((pair_vals["angle"][k] for k in pair_labels), default=None),
+        max_pairwise_angle_deg=(None if any(pair_vals["angle"][k] is None for k in pair_labels)
+                                else max((pair_vals["angle"][k] for k in pair_labels), default=None)),
         mean_global_residual=global_mean("residual"),
         mean_global_angle_deg=global_mean("angle_deg"),
         pairwise_relative_residual_before=table("before"),

@@ -76,7 +76,7 @@ GAUGE_KEYS = {
     "gauge/effective_dim": "mean effective dimension of the participants' probe embeddings",
     "gauge/global_effective_dim": "effective dimension of the global model's probe embeddings",
     "gauge/global_latent_std": "mean per-dimension std of the global model's probe embeddings",
-    "gauge/drift_degenerate": "1 when some pair's rotation was not identifiable (drift not measured)",
+    "gauge/drift_degenerate": "1 when some pair's full rotation was not identifiable (its angle not measured; the identified-subspace angle still is)",
     "gauge/distill_loss_before": "distillation loss before the coordinator's distillation",
     "gauge/distill_loss_after": "distillation loss after it",
     "gauge/distill_skipped": "1 when no consensus frame could be distilled",

@@ -44,7 +44,7 @@ from lensemble.eval.stats import (
     verdict,
     wilson_interval,
 )
-from lensemble.study.files import atomic_write, load_failures, load_summaries
+from lensemble.study.files import REMEASURED, atomic_write, load_failures, load_remeasured, load_summaries
 from lensemble.study.gap import gap_recovery
 from lensemble.study.homes import home_split
 from lensemble.study.plan import LADDER
@@ -80,6 +80,7 @@ def _run_values(summary: dict) -> dict:
     ev = summary.get("eval") or {}
     rounds = summary.get("rounds") or []
     drift = [_f(r.get("gauge/drift_angle_deg")) for r in rounds]
+    sub = [_f(r.get("gauge/drift_subspace_angle_deg")) for r in rounds]
     curves = {m: [_f(r.get(m)) for r in rounds] for m in ROUND_METRICS}
     return {
         "success": _f(ev.get("success_rate")),
@@ -97,6 +98,8 @@ def _run_values(summary: dict) -> dict:
         # The mean over rounds only when every round was measurable: a mean over the measurable
         # rounds alone would silently drop the degenerate (often worst) ones.
         "drift_mean": _mean(drift) if drift and all(d is not None for d in drift) else None,
+        "drift_subspace_final": sub[-1] if sub else None,
+        "drift_subspace_mean": _mean(sub) if sub and all(d is not None for d in sub) else None,
         "curves": curves,
         "seconds": summary.get("seconds") or {},
     }
@@ -145,7 +148,8 @@ def arm_values(cell: dict, arm: str, summaries: dict, local_reference: str = "me
             "probe_r2": _mean([v["probe_r2"] for v in vals]),
             "pixel_pca_r2": _mean([v["pixel_pca_r2"] for v in vals]),
             "one_step_error": _mean([v["one_step_error"] for v in vals]),
-            "drift_final": None, "drift_mean": None, "curves": {},
+            "drift_final": None, "drift_mean": None, "drift_subspace_final": None, "drift_subspace_mean": None,
+            "curves": {},
             "silos": {str(k): v["success"] for k, v in enumerate(vals)},
             "route_valid_success": _mean([v["route_valid_success"] for v in vals]),
             "seconds": {"train": sum(v["seconds"].get("train", 0) for v in vals),
@@ -182,7 +186,8 @@ def arm_stats(per_seed: dict[int, dict], n_boot: int) -> dict:
     n = sum(int(v.get("n_episodes") or 0) for v in per_seed.values())
     out = {"seeds": sorted(per_seed), "n_seeds": len(per_seed)}
     for metric in ("success", "success_best", "route_valid_success", "effective_dim", "latent_std", "drift_final",
-                   "drift_mean", "probe_r2", "pixel_pca_r2", "one_step_error"):
+                   "drift_mean", "drift_subspace_final", "drift_subspace_mean", "probe_r2", "pixel_pca_r2",
+                   "one_step_error"):
         if any(metric in v for v in per_seed.values()):
             out[metric] = _describe(per_seed, metric, n_boot)
     out["pooled_success"] = ({"successes": k, "episodes": n, "rate": k / n,
@@ -200,7 +205,8 @@ def arm_stats(per_seed: dict[int, dict], n_boot: int) -> dict:
                      "high": [max(c) if c else None for c in cols], "n": [len(c) for c in cols]}
     out["curves"] = curves
     out["per_seed"] = {str(s): {m: v.get(m) for m in ("success", "success_best", "effective_dim", "latent_std",
-                                                      "drift_final", "drift_mean")}
+                                                      "drift_final", "drift_mean", "drift_subspace_final",
+                                                      "drift_subspace_mean")}
                        for s, v in sorted(per_seed.items())}
     secs = [sum(v["seconds"].get(x, 0) or 0 for x in ("train", "eval")) for v in per_seed.values()]
     out["seconds_per_seed"] = _mean(secs)
@@ -378,13 +384,34 @@ def _combine(labels: list[str]) -> str:
     return "inconclusive"
 
 
+def fill_remeasured(summaries: dict[str, dict], remeasured: dict[str, dict[int, dict]]) -> tuple[dict, dict]:
+    """Summaries with re-measured round metrics filled in where the run recorded none.
+
+    A recorded value is never replaced. Returns (summaries, {run_id: [rounds filled]}); a filled
+    round carries ``"remeasured": true``."""
+    out, filled = dict(summaries), {}
+    for rid, by_round in remeasured.items():
+        if rid not in out:
+            continue
+        rounds = [dict(r) for r in out[rid].get("rounds") or []]
+        for t, metrics in sorted(by_round.items()):
+            if not 0 <= t < len(rounds):
+                continue
+            new = {k: v for k, v in metrics.items() if rounds[t].get(k) is None and _f(v) is not None}
+            if new:
+                rounds[t].update(new, remeasured=True)
+                filled.setdefault(rid, []).append(t)
+        out[rid] = {**out[rid], "rounds": rounds}
+    return out, filled
+
+
 # ================================================================================== the analysis
 def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
     """Decide every registered claim from the study folder's summaries; write ``analysis.json``."""
     study_dir = Path(study_dir)
     reg = load_registry(study_dir)
     plan = json.loads((study_dir / "plan.json").read_text())
-    summaries = load_summaries(study_dir)
+    summaries, remeasured = fill_remeasured(load_summaries(study_dir), load_remeasured(study_dir))
     failures = load_failures(study_dir)
     an = reg["analysis"]
     alpha, n_boot, alt = float(an["alpha"]), int(an["n_boot"]), an["alternative"]
@@ -502,6 +529,11 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
     success_rows = [r for r in all_rows if r.get("metric") == "success" and r.get("n")]
     by_pairing = {k: sum(1 for r in success_rows if r.get("pairing") == k) for k in ("episode", "seed")}
     notes = []
+    if remeasured:
+        notes.append(f"{sum(len(v) for v in remeasured.values())} round(s) of {len(remeasured)} run(s) had no recorded "
+                     "value for some round metric (e.g. a degenerate full rotation) and were re-measured by replaying "
+                     "those rounds, verified bitwise against the inner-optimizer states the runs kept "
+                     f"({REMEASURED}/): " + ", ".join(f"{k} {v}" for k, v in sorted(remeasured.items())))
     if by_pairing["seed"]:
         notes.append(f"{by_pairing['seed']} of {len(success_rows)} success comparisons could not pair episodes "
                      "(their summaries hold no per-episode records): they are paired at the seed level, whose "
@@ -517,6 +549,7 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
         "rules": RULES,
         "notes": notes,
         "pairing": by_pairing,
+        "remeasured": {k: v for k, v in sorted(remeasured.items())},
         "power_at_analysis": _power_now(reg),
         "study": reg["study"],
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -5,7 +5,9 @@ and shared, so every write goes through :func:`atomic_write`, which refuses a de
 silo's private folder (:func:`lensemble.data.residency.guard_export`) before writing. The layout:
 
 * ``runs/<run_id>.json``: the summary of one finished run; its presence is what "done" means;
-* ``runs/<run_id>.failed.json``: the last failure of a run not yet done (retried on the next call).
+* ``runs/<run_id>.failed.json``: the last failure of a run not yet done (retried on the next call);
+* ``remeasured/<run_id>.json``: round metrics of a finished run re-measured by replaying its rounds
+  (``examples/remeasure_drift.py``); they fill a recorded round's missing values, never replace one.
 """
 
 from __future__ import annotations
@@ -62,6 +64,36 @@ def load_summaries(study_dir: str | Path) -> dict[str, dict]:
         if p.name.endswith(FAILED_SUFFIX):
             continue
         out[p.stem] = json.loads(p.read_text())
+    return out
+
+
+REMEASURED = "remeasured"
+
+
+def load_remeasured(study_dir: str | Path) -> dict[str, dict[int, dict]]:
+    """Verified re-measured round metrics, ``{run_id: {round: metrics}}``.
+
+    A replay file counts only when it says ``"verified": true`` (no check in it failed) and some
+    round in it was verified: the replayed round committed the saved global model (same content
+    hash), or every silo's replayed inner-optimizer state equals the one the run kept. Its rounds
+    up to the last verified one are accepted (a later round derives from the earlier ones, so its
+    equality vouches for them too); later unverified ones are not."""
+    out: dict[str, dict[int, dict]] = {}
+    for p in sorted((Path(study_dir) / REMEASURED).glob("*.json")):
+        rec = json.loads(p.read_text())
+        rounds = rec.get("replayed_rounds") or []
+        if rec.get("verified") is not True:
+            continue
+
+        def checked(r: dict) -> bool:
+            states = r.get("state_bitwise_equal") or {}
+            return r.get("global_hash_equal") is True or (bool(states) and all(v is True for v in states.values()))
+
+        verified = [int(r["round"]) for r in rounds if checked(r)]
+        if not verified:
+            continue
+        out[str(rec.get("run_id", p.stem))] = {int(r["round"]): dict(r.get("metrics") or {})
+                                               for r in rounds if int(r["round"]) <= max(verified)}
     return out
 
 

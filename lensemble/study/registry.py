@@ -45,6 +45,12 @@ METRICS = {
                    "(degrees) of the rotation mapping the participant's unaligned frame onto the new global "
                    "model's, measured on the probe's measurement frames (never the anchor's landmarks)",
     "drift_mean": "gauge/drift_angle_deg averaged over all rounds (degrees)",
+    "drift_subspace_final": "gauge/drift_subspace_angle_deg at the final round: mean over participants of the "
+                            "geodesic angle (degrees) of that rotation within the new global model's 95 %-energy "
+                            "principal subspace (the polar factor of its block), on the probe's measurement "
+                            "frames; measured whenever the block is identified, also when the full rotation "
+                            "is not (lensemble.gauge.drift, degenerate='mask')",
+    "drift_subspace_mean": "gauge/drift_subspace_angle_deg averaged over all rounds (degrees)",
     "effective_dim": "participation ratio of the final model's latent covariance on held-out frames (evaluate)",
     "latent_std": "per-dimension latent standard deviation on held-out frames (evaluate)",
     "rho": "gap recovery ρ = (S_anchored − S_local) / (S_central − S_local) on success rates",
@@ -180,9 +186,18 @@ def _sweep_phrase(names) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
+def drift_metrics(registry_spec) -> tuple[str, str]:
+    """(final-round, mean-over-rounds) metric names the drift claims use under ``drift_metric``."""
+    if registry_spec.drift_metric == "subspace":
+        return "drift_subspace_final", "drift_subspace_mean"
+    return "drift_final", "drift_mean"
+
+
 def _claims(spec, plan) -> tuple[list[dict], list[dict]]:
     r = spec.registry
     d = r.delta
+    drift_final, drift_mean = drift_metrics(r)
+    frame = " within the global frame's principal subspace" if r.drift_metric == "subspace" else ""
     anch = r.anchored_rung
     local = f"local ({r.local_reference} over silos)"
     pairing = ("by seed: seed s sets root_seed (silos, probe, batch order) and eval.seed (the held-out "
@@ -191,14 +206,14 @@ def _claims(spec, plan) -> tuple[list[dict], list[dict]]:
     claims = [
         {
             "id": "C1", "title": "Naive FedAvg of an end-to-end JEPA degrades under non-IID silos",
-            "hypothesis": (f"Against the anchored rung ({anch}) naive FedAvg ends with a frame drift at least "
-                           f"{d.drift_deg}° larger, and against centralized training its success is at least "
+            "hypothesis": (f"Against the anchored rung ({anch}) naive FedAvg ends with a frame drift{frame} at "
+                           f"least {d.drift_deg}° larger, and against centralized training its success is at least "
                            f"{d.success:.0%} lower and its effective dimension at least {d.effective_dim} lower."),
             "decision": "intersection-union: confirmed if every component is confirmed, falsified if any is "
                         "falsified, else inconclusive; the claim's p-value is the largest component p-value",
             "group": "ladder", "pairing": pairing,
             "components": [
-                {"id": "C1.drift", "metric": "drift_final", "treatment": "naive", "control": anch,
+                {"id": "C1.drift", "metric": drift_final, "treatment": "naive", "control": anch,
                  "direction": "increase", "delta": d.drift_deg, "unit": "degrees"},
                 {"id": "C1.success", "metric": "success", "treatment": "naive", "control": "central",
                  "direction": "decrease", "delta": d.success, "unit": "rate"},
@@ -208,11 +223,11 @@ def _claims(spec, plan) -> tuple[list[dict], list[dict]]:
         },
         {
             "id": "C2", "title": "Frame anchoring holds the latent frame",
-            "hypothesis": (f"Averaged over the rounds, the anchored rung's ({anch}) frame drift is at least "
-                           f"{d.drift_deg}° below naive FedAvg's."),
+            "hypothesis": (f"Averaged over the rounds, the anchored rung's ({anch}) frame drift{frame} is at "
+                           f"least {d.drift_deg}° below naive FedAvg's."),
             "decision": "verdict of the single component", "group": "ladder", "pairing": pairing,
             "components": [
-                {"id": "C2.drift", "metric": "drift_mean", "treatment": anch, "control": "naive",
+                {"id": "C2.drift", "metric": drift_mean, "treatment": anch, "control": "naive",
                  "direction": "decrease", "delta": d.drift_deg, "unit": "degrees"},
             ],
         },
@@ -245,7 +260,7 @@ def _claims(spec, plan) -> tuple[list[dict], list[dict]]:
     for arm in [a for a in FEDERATED_ARMS if a != naive and a in present]:
         if naive not in present:
             break
-        ladder_family.append({"id": f"L.{arm}.drift", "metric": "drift_final", "treatment": arm, "control": "naive",
+        ladder_family.append({"id": f"L.{arm}.drift", "metric": drift_final, "treatment": arm, "control": "naive",
                               "direction": "decrease", "delta": d.drift_deg, "unit": "degrees"})
         ladder_family.append({"id": f"L.{arm}.success", "metric": "success", "treatment": arm, "control": "naive",
                               "direction": "increase", "delta": d.success, "unit": "rate"})
@@ -274,8 +289,8 @@ def build_registry(spec, plan) -> dict:
             if c["id"] in confirm_family else "none (interval decision / intersection-union)",
         }
         for comp in c.get("components", []):
-            key = {"drift_final": "drift", "drift_mean": "drift", "success": "success",
-                   "effective_dim": "effective_dim"}[comp["metric"]]
+            key = {"drift_final": "drift", "drift_mean": "drift", "drift_subspace_final": "drift",
+                   "drift_subspace_mean": "drift", "success": "success", "effective_dim": "effective_dim"}[comp["metric"]]
             comp["mde"] = power["components"][key]["mde_at_first_holm_step"]
             comp["metric_definition"] = METRICS[comp["metric"]]
     sweeps = {}

@@ -235,8 +235,8 @@ def write_figures(study_dir: Path, analysis: dict) -> list[str]:
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     _curve_panel(axes[0, 0], arms, "gauge/drift_angle_deg", "geodesic angle (degrees)",
                  "Participant's unaligned frame → new global (mean over participants)")
-    _curve_panel(axes[0, 1], arms, "gauge/pairwise_angle_deg", "geodesic angle (degrees)",
-                 "Between participants (no global frame involved)")
+    _curve_panel(axes[0, 1], arms, "gauge/drift_subspace_angle_deg", "geodesic angle (degrees)",
+                 "The same rotation within the global's 95 %-energy subspace")
     _curve_panel(axes[1, 0], arms, "gauge/drift_rel_residual_before", "||E − G||_F / ||G||_F",
                  "Variance-weighted: participant → global, before alignment")
     _curve_panel(axes[1, 1], arms, "gauge/backstop_aligned_angle_deg", "geodesic angle (degrees)",
@@ -385,8 +385,9 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
               f"{design['step_budget'].get('participant_steps')} per participant; centralized "
               f"{design['step_budget'].get('central_steps')}).", "",
               "| arm | seeds | success (mean, 95% CI over seeds) | pooled success [Wilson] | route-valid success | "
-              "final drift ° | mean drift ° | effective dim | latent std | probe R² | pixel-PCA R² |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "final drift ° | mean drift ° | final subspace drift ° | mean subspace drift ° | effective dim | "
+              "latent std | probe R² | pixel-PCA R² |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, s in arms.items():
         pooled = s.get("pooled_success")
         pooled_txt = (f"{pooled['successes']}/{pooled['episodes']} = {_pct(pooled['rate'])} "
@@ -394,11 +395,13 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
         rv = _stat(s.get("route_valid_success")) if (s.get("route_valid_success") or {}).get("mean") is not None \
             else "not recorded"
         lines.append(f"| {_ARM_LABEL.get(arm, arm)} | {s['n_seeds']} | {_stat(s.get('success'))} | {pooled_txt} | {rv} | "
-                     f"{_stat(s.get('drift_final'))} | {_stat(s.get('drift_mean'))} | {_stat(s.get('effective_dim'))} | "
+                     f"{_stat(s.get('drift_final'))} | {_stat(s.get('drift_mean'))} | "
+                     f"{_stat(s.get('drift_subspace_final'))} | {_stat(s.get('drift_subspace_mean'))} | "
+                     f"{_stat(s.get('effective_dim'))} | "
                      f"{_stat(s.get('latent_std'))} | {_stat(s.get('probe_r2'))} | {_stat(s.get('pixel_pca_r2'))} |")
         if arm == "local" and s.get("success_best"):
             lines.append(f"| {_ARM_LABEL['local_best']} | {s['n_seeds']} | {_stat(s.get('success_best'))} | – | – | – | – "
-                         f"| – | – | – | – |")
+                         f"| – | – | – | – | – | – |")
     lines += ["", "Probe R²: the linear position probe on the arm's latents; pixel-PCA R²: the same probe on a "
               "64-component PCA of the raw pixels of the same frames (a latent space below it has discarded "
               "position; docs/evaluation.md).", "",
@@ -441,11 +444,13 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
     for g, group in sweeps.items():
         key = next(iter(group.values()))["key"]
         lines += [f"### {g} (`{key}`)", "",
-                  "| value | arm | seeds | success | final drift ° | effective dim |", "|---|---|---|---|---|---|"]
+                  "| value | arm | seeds | success | final drift ° | final subspace drift ° | effective dim |",
+                  "|---|---|---|---|---|---|---|"]
         for value, cell in group.items():
             for arm, s in cell["arms"].items():
                 lines.append(f"| {value} | {_ARM_LABEL.get(arm, arm)} | {s['n_seeds']} | {_stat(s.get('success'))} | "
-                             f"{_stat(s.get('drift_final'))} | {_stat(s.get('effective_dim'))} |")
+                             f"{_stat(s.get('drift_final'))} | {_stat(s.get('drift_subspace_final'))} | "
+                             f"{_stat(s.get('effective_dim'))} |")
         vs = [(value, arm, paired_vs_ladder(analysis["groups"], g, value, arm)) for value, cell in group.items()
               for arm in cell["arms"]]
         vs = [(v, a, r) for v, a, r in vs if r and r["n"] and not _same_runs(analysis["groups"], g, v, a)]

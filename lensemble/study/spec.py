@@ -106,6 +106,11 @@ class RegistrySpec(_Spec):
     delta: DeltaSpec = DeltaSpec()
     planning: PlanningSpec = PlanningSpec()
     claim4_sweeps: list[str] = Field(default_factory=lambda: ["severity", "participants"])
+    drift_metric: Literal["angle", "subspace"] = Field(
+        "angle", description="what the drift claims measure: 'angle', the geodesic angle of the full "
+        "d x d rotation (unmeasured in a round where some participant's rotation is not identifiable); "
+        "'subspace', its angle within the global frame's 95 %-energy principal subspace (measured "
+        "whenever that block is identified, and blind to noise in the weak directions: docs/gauge.md)")
 
 
 class CostModel(_Spec):

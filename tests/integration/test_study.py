@@ -272,9 +272,10 @@ def test_sweep_overrides_use_hydra_multirun_syntax():
 
 
 # ------------------------------------------------------------------- the decision rules, on synthetic summaries
-def _synthetic_study(tmp_path, values):
-    """A 6-seed tiny plan whose summaries are written from ``values(arm, seed) -> (success, drift, dim)``."""
-    spec = load_study_spec("tiny", ["registry.min_seeds=3"], seeds=list(range(6)), sweeps=[])
+def _synthetic_study(tmp_path, values, overrides=(), rounds=None):
+    """A 6-seed tiny plan whose summaries are written from ``values(arm, seed) -> (success, drift, dim)``
+    (``rounds(arm, seed, drift) -> round records`` replaces the default two rounds of full-rotation drift)."""
+    spec = load_study_spec("tiny", ["registry.min_seeds=3", *overrides], seeds=list(range(6)), sweeps=[])
     plan = plan_study(spec)
     d = tmp_path / "tiny"
     d.mkdir(parents=True)
@@ -289,7 +290,8 @@ def _synthetic_study(tmp_path, values):
             summary["eval"] = {"success_rate": round(success * n) / n, "n_successes": round(success * n),
                                "n_episodes": n, "effective_dim": dim, "latent_std": 1.0}
             if run.kind == "federated":
-                summary["rounds"] = [{"gauge/drift_angle_deg": drift * f} for f in (0.5, 1.0)]
+                summary["rounds"] = (rounds(run.arm, run.seed, drift) if rounds else
+                                     [{"gauge/drift_angle_deg": drift * f} for f in (0.5, 1.0)])
         (d / "runs").mkdir(exist_ok=True)
         (d / "runs" / f"{rid}.json").write_text(json.dumps(summary))
     return d
@@ -348,6 +350,82 @@ def _with_episodes(d, n=40):
                            "start_distance": 90.0, "final_distance": 5.0 if e < k else 50.0, "route_valid": True}
                           for e in range(n)]
         path.write_text(json.dumps(summary))
+
+
+def _anchor_degenerate(arm, seed, drift):
+    """The anchored arm's full rotation unidentifiable in every round (recorded as absent), its
+    subspace angle measured; naive's both measured. Round 1 of seed 0's anchor lacks even that."""
+    out = []
+    for t, f in enumerate((0.5, 1.0)):
+        r = {"round": t, "gauge/drift_subspace_angle_deg": drift * f / 4}
+        if arm == "anchor":
+            r["gauge/drift_degenerate"] = 1
+            if seed == 0 and t == 1:
+                del r["gauge/drift_subspace_angle_deg"]
+        else:
+            r["gauge/drift_angle_deg"] = drift * f
+        out.append(r)
+    return out
+
+
+def _clear(arm, seed):
+    s, drift, dim = {"central": (0.5, None, 20.0), "local": (0.1, None, 18.0), "naive": (0.1, 60.0, 3.0),
+                     "warmstart_only": (0.1, None, 18.0), "anchor": (0.45, 5.0, 19.0)}[arm]
+    jitter = 0.01 * ((seed * 7) % 5 - 2)
+    return s + jitter, (drift or 0.0) * (1 + jitter), dim + 10 * jitter
+
+
+def test_drift_claims_measure_the_registered_drift_metric(tmp_path):
+    full = {c["id"]: c for c in analyze(_synthetic_study(tmp_path / "full", _clear, rounds=_anchor_degenerate))["claims"]}
+    # The full-rotation angle is unmeasured on the anchored arm: no drift claim can be decided.
+    assert full["C2"]["label"] == "inconclusive" and full["C2"]["components"][0]["metric"] == "drift_mean"
+    d = _synthetic_study(tmp_path / "sub", _clear, ["registry.drift_metric=subspace"], rounds=_anchor_degenerate)
+    reg = yaml.safe_load((d / "registry.yaml").read_text())
+    c2 = next(c for c in reg["claims"] if c["id"] == "C2")
+    assert c2["components"][0]["metric"] == "drift_subspace_mean" and "principal subspace" in c2["hypothesis"]
+    assert "subspace" in c2["components"][0]["metric_definition"]
+    sub = {c["id"]: c for c in analyze(d)["claims"]}
+    # Seed 0's anchor has a round without a value: its mean is unmeasured, five seeds decide.
+    assert sub["C2"]["components"][0]["n"] == 5 and sub["C2"]["label"] == "confirmed"
+    assert sub["C1"]["components"][0]["metric"] == "drift_subspace_final"
+
+
+def _replay_record(run_id, value, *, equal=True, rnd=1):
+    return {"run_id": run_id, "verified": equal, "replayed_rounds": [
+        {"round": rnd, "metrics": {"gauge/drift_subspace_angle_deg": value, "gauge/drift_angle_deg": 999.0},
+         "state_bitwise_equal": {"silo-0": equal, "silo-1": True}, "global_hash_equal": None,
+         "recorded_max_abs_diff": 0.0}]}
+
+
+def test_remeasured_rounds_fill_missing_values_only_when_verified(tmp_path):
+    d = _synthetic_study(tmp_path / "sub", _clear, ["registry.drift_metric=subspace"], rounds=_anchor_degenerate)
+    anchor0 = next(p.stem for p in (d / "runs").glob("anchor*s0*.json"))
+    (d / "remeasured").mkdir()
+    # A replay whose state did not reproduce is ignored: the value stays missing.
+    (d / "remeasured" / f"{anchor0}.json").write_text(json.dumps(_replay_record(anchor0, 1.5, equal=False)))
+    a = analyze(d)
+    assert a["remeasured"] == {} and next(c for c in a["claims"] if c["id"] == "C2")["components"][0]["n"] == 5
+    (d / "remeasured" / f"{anchor0}.json").write_text(json.dumps(_replay_record(anchor0, 1.5)))
+    a = analyze(d)
+    assert a["remeasured"] == {anchor0: [1]} and any("re-measured by replaying" in n for n in a["notes"])
+    assert next(c for c in a["claims"] if c["id"] == "C2")["components"][0]["n"] == 6
+    # A round the run kept no state for counts when the replay committed the saved global model.
+    rec = _replay_record(anchor0, 1.5)
+    rec["replayed_rounds"][0].update(state_bitwise_equal={"silo-0": None, "silo-1": None})
+    (d / "remeasured" / f"{anchor0}.json").write_text(json.dumps(rec))
+    assert analyze(d)["remeasured"] == {}
+    rec["replayed_rounds"][0]["global_hash_equal"] = True
+    (d / "remeasured" / f"{anchor0}.json").write_text(json.dumps(rec))
+    assert analyze(d)["remeasured"] == {anchor0: [1]}
+    # A recorded value is never replaced: the replay's full angle fills only where none was recorded.
+    naive0 = next(p.stem for p in (d / "runs").glob("naive*s0*.json"))
+    (d / "remeasured" / f"{naive0}.json").write_text(json.dumps(_replay_record(naive0, 123.0)))
+    assert analyze(d)["remeasured"] == {anchor0: [1]}
+    from lensemble.study.analysis import fill_remeasured
+    from lensemble.study.files import load_remeasured, load_summaries
+    filled, _ = fill_remeasured(load_summaries(d), load_remeasured(d))
+    assert filled[anchor0]["rounds"][1]["gauge/drift_angle_deg"] == 999.0  # absent before: filled
+    assert filled[naive0]["rounds"][1]["gauge/drift_subspace_angle_deg"] != 123.0
 
 
 def test_old_summaries_fall_back_to_seed_pairing_and_say_so(tmp_path):

@@ -525,3 +525,67 @@ def test_weighted_fields_are_recorded_per_pair_and_summarised():
     assert FrameDriftReport.model_validate_json(rep.model_dump_json()) == rep
     with pytest.raises(ConfigError):
         frame_drift(emb, variance=0.0)
+
+
+# ------------------------------------------------ degenerate pairs: degenerate="mask" (identification)
+def _dead_weak(n=256, d=64, strong=8, weak_scale=1e-9, seed=0):
+    """A frame whose d - strong weak directions are ~1e-9 of the strong ones (a latent with dead
+    directions, as trained SIGReg encoders have): every cross-covariance with another such frame
+    has sigma_min / sigma_max ~ 1e-18, far below the 1e-10 floor. Returns (frame, fresh weak noise)."""
+    g = torch.Generator().manual_seed(seed)
+    core = torch.randn(n, strong, generator=g, dtype=torch.float64) * torch.linspace(1.2, 1.0, strong,
+                                                                                  dtype=torch.float64)
+    weak = lambda: weak_scale * torch.randn(n, d - strong, generator=g, dtype=torch.float64)  # noqa: E731
+    return torch.cat([core, weak()], 1), weak
+
+
+def test_mask_mode_measures_the_identified_subspace_of_a_degenerate_pair():
+    y, weak = _dead_weak()
+    x = y @ _plane_rotation(64, {(0, 1): 25.0})
+    x = torch.cat([x[:, :8], weak()], 1)  # its own dead directions: the full rotation is arbitrary there
+    emb = {"site": x, "global": y}
+    with pytest.raises(DegenerateProcrustes):
+        frame_drift(emb, singular_floor=1e-10)
+    rep = frame_drift(emb, singular_floor=1e-10, degenerate="mask")
+    v = rep.drift_from_global["site"]
+    assert rep.degenerate_pairs == ["site|global"]
+    assert v.angle_deg is None and v.residual is None and rep.mean_global_angle_deg is None
+    # The strong plane's 25° is identified, whatever Q does on the 56 dead directions.
+    assert v.subspace_angle_deg == pytest.approx(25.0, abs=1e-6) and v.subspace_tilt_deg < 1e-4  # acos near 1: ~1e-5°
+    assert v.fit_residual < 1e-6 and v.rotation_share == pytest.approx(1.0, abs=1e-9)
+    metrics = rep.summary_metrics()
+    assert "gauge/drift_angle_deg" not in metrics  # unmeasured stays unmeasured, never a number
+    assert metrics["gauge/drift_subspace_angle_deg"] == pytest.approx(25.0, abs=1e-6)
+    assert FrameDriftReport.model_validate_json(rep.model_dump_json()) == rep
+
+
+def test_mask_mode_refuses_a_subspace_angle_the_null_space_can_reach():
+    # Adversarial: the source lacks one of the target's strong directions altogether, so the
+    # arbitrary part of Q lands inside the target's principal subspace: no subspace number.
+    y, weak = _dead_weak(seed=3)
+    x = y.clone()
+    x[:, 0] = 0.0
+    # At the default floor (1e-6) the lost direction is below it (sigma ~4e-10 relative, from the
+    # 1e-9 weak noise); at 1e-10 it would count as identified, which is what a floor means.
+    rep = frame_drift({"site": x, "global": y}, degenerate="mask")
+    v = rep.drift_from_global["site"]
+    assert rep.degenerate_pairs == ["site|global"]
+    assert v.subspace_angle_deg is None and v.subspace_tilt_deg is None and v.angle_deg is None
+    assert v.relative_residual_before > 0.1  # the singular-value numbers stay measured
+    assert "gauge/drift_subspace_angle_deg" not in rep.summary_metrics()
+
+
+def test_mask_mode_leaves_identifiable_pairs_bit_for_bit_and_means_none_if_any_unmeasured():
+    emb, _ = _sites()
+    assert frame_drift(emb, degenerate="mask").model_dump_json() == frame_drift(emb).model_dump_json()
+    y, weak = _dead_weak(n=48, d=6, strong=3, seed=5)
+    healthy = {k: v for k, v in emb.items()}
+    mixed = {**healthy, "z_dead": y}
+    rep = frame_drift(mixed, degenerate="mask")
+    ref = frame_drift(healthy)
+    assert rep.degenerate_pairs and all("z_dead" in p for p in rep.degenerate_pairs)
+    for pair, angle in ref.pairwise_angle_deg.items():
+        assert rep.pairwise_angle_deg[pair] == angle  # same bits as without the dead site
+    assert rep.mean_pairwise_angle_deg is None and rep.max_pairwise_angle_deg is None
+    with pytest.raises(ConfigError):
+        frame_drift(emb, degenerate="ignore")
