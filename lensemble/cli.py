@@ -238,14 +238,17 @@ def drift(checkpoints: list[str] = typer.Argument(..., help="checkpoint folders 
           probe: str = typer.Option(..., help="the public probe file (.npz)"),
           probe_hash: str = typer.Option(None, help="expected probe hash (default: the checkpoints' own)"),
           out: str = typer.Option(None, help="write the FrameDriftReport JSON here"),
-          singular_floor: float = typer.Option(1e-6, help="relative singular-value floor")):
+          singular_floor: float = typer.Option(1e-6, help="relative singular-value floor"),
+          degenerate: str = typer.Option("raise", help="a pair whose full rotation is not identifiable: "
+                                         "'raise' (an error) or 'mask' (its full angle None, its "
+                                         "identified-subspace numbers kept; docs/gauge.md)")):
     """Frame drift between checkpoints on the pinned public probe."""
     from lensemble.data.residency import guard_export
     from lensemble.gauge.checkpoint_drift import drift_between_checkpoints
 
     try:
         report = drift_between_checkpoints(checkpoints, probe, expected_probe_hash=probe_hash,
-                                           singular_floor=singular_floor)
+                                           singular_floor=singular_floor, degenerate=degenerate)
     except LensembleError as exc:
         _fail(exc)
     text = report.model_dump_json(indent=1)

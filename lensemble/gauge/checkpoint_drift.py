@@ -35,8 +35,11 @@ def embed_probe(checkpoint: str | Path, frames: torch.Tensor) -> tuple[torch.Ten
 def drift_between_checkpoints(checkpoints: Sequence[str | Path], probe_path: str | Path, *,
                               expected_probe_hash: str | None = None, global_checkpoint: str | Path | None = None,
                               max_pairs: int | None = None, seed: int = 0,
-                              singular_floor: float = 1e-6) -> FrameDriftReport:
+                              singular_floor: float = 1e-6, degenerate: str = "raise") -> FrameDriftReport:
     """FrameDriftReport between ``checkpoints`` (keys: folder name + hash prefix) on the probe.
+
+    ``degenerate``: as :func:`~lensemble.gauge.drift.frame_drift` (``"mask"`` reports a pair whose
+    full rotation is not identifiable instead of raising).
 
     ``expected_probe_hash`` defaults to the hash the checkpoints recorded; every checkpoint that
     recorded one must agree with it, and the probe file must hash to it.
@@ -65,4 +68,4 @@ def drift_between_checkpoints(checkpoints: Sequence[str | Path], probe_path: str
     if expected is not None:
         probe.verify(expected)
     return frame_drift(embeddings, probe_hash=probe.content_hash, expected_probe_hash=expected,
-                       max_pairs=max_pairs, seed=seed, singular_floor=singular_floor)
+                       max_pairs=max_pairs, seed=seed, singular_floor=singular_floor, degenerate=degenerate)

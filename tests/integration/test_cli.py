@@ -47,6 +47,13 @@ def test_collect_train_run_drift_evaluate(tmp_path):
         assert "pairwise_residual" in (tmp_path / "drift.json").read_text()
     else:
         assert "procrustes_degenerate" in res.output
+    # --degenerate mask never fails on degenerate frames: the pair is listed, not hidden.
+    res = runner.invoke(app, ["drift", *rounds, "--probe", str(probe), "--degenerate", "mask",
+                              "--out", str(tmp_path / "drift-mask.json")])
+    assert res.exit_code == 0, res.output
+    masked = json.loads((tmp_path / "drift-mask.json").read_text())
+    assert "degenerate_pairs" in masked and all(
+        (masked["pairwise_angle_deg"][p] is None) == (p in masked["degenerate_pairs"]) for p in masked["pairwise_angle_deg"])
     res = runner.invoke(app, ["evaluate", rounds[-1], "--episodes", "2", "--no-ladder",
                               "--out", str(tmp_path / "eval.json"), *base])
     assert res.exit_code == 0, res.output
