@@ -491,7 +491,9 @@ def _polar_or_any(
         return q, sigma, torch.zeros(m.shape[0], dtype=torch.bool), torch.zeros(m.shape[0], dtype=torch.float64)
     except DegenerateProcrustes:
         pass
-    sv = torch.linalg.svdvals(m)
+    # The same SVD polar_factors' floor check takes (not svdvals, whose driver may differ in the last
+    # bits), so an item judged identifiable here passes that check inside _fast_polar_factors too.
+    u_all, sv, vh_all = torch.linalg.svd(m)
     degenerate = (sv[:, 0] <= 0) | (sv[:, -1] < singular_floor * sv[:, 0])
     q = torch.empty_like(m)
     sigma = torch.empty_like(sv)
@@ -500,7 +502,7 @@ def _polar_or_any(
     if len(ok):
         q[ok], sigma[ok] = _fast_polar_factors(m[ok], singular_floor, [labels[int(i)] for i in ok])
     bad = torch.nonzero(degenerate).flatten()
-    u, s, vh = torch.linalg.svd(m[bad])
+    u, s, vh = u_all[bad], sv[bad], vh_all[bad]
     q[bad], sigma[bad] = u @ vh, s
     below = ((s <= 0) | (s < singular_floor * s[:, :1]))[:, None, :].to(m.dtype)  # (k, 1, d) null columns
     cols = torch.arange(m.shape[-1])
