@@ -191,11 +191,14 @@ def test_the_script_writes_one_file_per_run_and_fails_on_a_failed_verification(f
             str(tmp_path / "out")]
     assert script.main([*argv, "--runs", "good", "--rounds", "final"]) == 0
     result = json.loads((tmp_path / "out" / "good.json").read_text())
-    assert set(result) == {"run_id", "replayed_rounds", "git_sha", "command", "note"}
+    assert set(result) == {"run_id", "replayed_rounds", "verified", "failures", "git_sha", "command", "note"}
+    assert result["verified"] is True and result["failures"] == []
     assert [r["round"] for r in result["replayed_rounds"]] == [ROUNDS - 1]
     assert result["command"].startswith("examples/remeasure_drift.py --study-dir")
     assert script.main([*argv, "--rounds", "final"]) == 1  # every federated run: bad fails, good passes
-    bad = json.loads((tmp_path / "out" / "bad.json").read_text())["replayed_rounds"][0]
+    bad_file = json.loads((tmp_path / "out" / "bad.json").read_text())
+    assert bad_file["verified"] is False and bad_file["failures"]  # the analysis ignores this file
+    bad = bad_file["replayed_rounds"][0]
     assert bad["state_bitwise_equal"]["silo-0"] is False
     lines = script.failures("bad", [bad])
     assert any("silo-0: replayed inner state differs" in x for x in lines)
