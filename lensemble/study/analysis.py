@@ -532,7 +532,8 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
     if remeasured:
         notes.append(f"{sum(len(v) for v in remeasured.values())} round(s) of {len(remeasured)} run(s) had no recorded "
                      "value for some round metric (e.g. a degenerate full rotation) and were re-measured by replaying "
-                     "those rounds, verified bitwise against the inner-optimizer states the runs kept "
+                     "those rounds, verified against what the runs kept (the committed global model's hash, the "
+                     "inner-optimizer states bitwise where kept) "
                      f"({REMEASURED}/): " + ", ".join(f"{k} {v}" for k, v in sorted(remeasured.items())))
     if by_pairing["seed"]:
         notes.append(f"{by_pairing['seed']} of {len(success_rows)} success comparisons could not pair episodes "
