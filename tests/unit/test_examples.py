@@ -22,7 +22,8 @@ def _example(name: str):
 
 
 @pytest.mark.parametrize("script", ["planning_pilot.py", "central_quality.py", "partition_pilot.py", "bn_federation_pilot.py",
-                                    "seed_spread.py", "bn_source_diagnostic.py", "remeasure_drift.py"])
+                                    "seed_spread.py", "bn_source_diagnostic.py", "remeasure_drift.py",
+                                    "outer_step_diagnostic.py"])
 def test_example_imports_and_shows_its_help(script):
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--help"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
