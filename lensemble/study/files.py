@@ -92,7 +92,8 @@ def load_remeasured(study_dir: str | Path) -> dict[str, dict[int, dict]]:
         verified = [int(r["round"]) for r in rounds if checked(r)]
         if not verified:
             continue
-        out[str(rec.get("run_id", p.stem))] = {int(r["round"]): dict(r.get("metrics") or {})
+        out[str(rec.get("run_id", p.stem))] = {int(r["round"]): {**(r.get("metrics") or {}),
+                                                                 **(r.get("pairwise_metrics") or {})}
                                                for r in rounds if int(r["round"]) <= max(verified)}
     return out
 
