@@ -58,6 +58,14 @@ def test_rungs_run_and_chain_checkpoints(shared, tmp_path, rung):
     for key in ("fed/participants", "fed/comm_bytes", "fed/round_seconds", "fed/quant_ratio", "dp/epsilon"):
         assert key in rows[-1]
     assert rows[-1]["fed/participants"] == 2
+    for row in rows:
+        # Every round measures drift: a degenerate full rotation is flagged and its angle left out,
+        # while the rotation share (singular values only) is always there.
+        assert row["gauge/drift_degenerate"] in (0, 1) and "gauge/drift_rotation_share" in row
+        if row["gauge/drift_degenerate"] == 0:
+            assert "gauge/drift_angle_deg" in row
+        report = json.loads((tmp_path / rung / "drift" / f"round-{row['round']:04d}.json").read_text())
+        assert bool(report["degenerate_pairs"]) == bool(row["gauge/drift_degenerate"])
     if rung == "distill":
         # The micro model's frames can be too degenerate for a consensus; then the round says so.
         ran = "gauge/distill_loss_after" in rows[-1]
