@@ -112,22 +112,32 @@ def _deg(x: float) -> str:
 def drift_sentence(rounds: Sequence[Mapping]) -> str:
     """Frame drift per round in words, from the rounds' ``gauge/drift_angle_deg`` and
     ``gauge/angle_to_warmstart_deg``; says so when no round had identifiable frames."""
-    pts = [(int(r.get("round", i)) + 1, float(r["gauge/drift_angle_deg"]))
-           for i, r in enumerate(rounds) if isinstance(r.get("gauge/drift_angle_deg"), (int, float))]
-    if not pts:
-        return ("Frame drift was not identifiable in any round (degenerate probe embeddings, "
-                "gauge/drift_degenerate = 1): the latent frames cannot be compared.")
-    if len(pts) <= 5:
-        series = ", ".join(f"{_deg(a)} after round {t}" for t, a in pts)
-    else:
+    def points(key: str) -> list[tuple[int, float]]:
+        return [(int(r.get("round", i)) + 1, float(r[key]))
+                for i, r in enumerate(rounds) if isinstance(r.get(key), (int, float))]
+
+    def series(pts: list[tuple[int, float]]) -> str:
+        if len(pts) <= 5:
+            return ", ".join(f"{_deg(a)} after round {t}" for t, a in pts)
         t_max, a_max = max(pts, key=lambda p: p[1])
-        series = (f"{_deg(pts[0][1])} after round {pts[0][0]}, {_deg(pts[-1][1])} after round {pts[-1][0]} "
-                  f"(largest {_deg(a_max)}, round {t_max})")
-    text = f"Frame drift of the participants from the global model (mean geodesic angle on the public probe): {series}"
+        return (f"{_deg(pts[0][1])} after round {pts[0][0]}, {_deg(pts[-1][1])} after round {pts[-1][0]} "
+                f"(largest {_deg(a_max)}, round {t_max})")
+
+    pts = points("gauge/drift_angle_deg")
+    last = rounds[-1] if rounds else {}
+    if not pts:
+        within = points("gauge/drift_subspace_angle_deg")
+        if not within:
+            return ("Frame drift was not identifiable in any round (degenerate probe embeddings, "
+                    "gauge/drift_degenerate = 1): the latent frames cannot be compared.")
+        # Rounds measured with degenerate pairs masked: the identified subspace still compares them.
+        return (f"The full rotation between the participants' and the global model's frames was not identifiable "
+                f"in any round (gauge/drift_degenerate = 1); within the global model's 95 %-energy subspace the "
+                f"angle was {series(within)}.")
+    text = f"Frame drift of the participants from the global model (mean geodesic angle on the public probe): {series(pts)}"
     missing = len(rounds) - len(pts)
     if missing:
         text += f"; {missing} round(s) had frames too degenerate to measure"
-    last = rounds[-1] if rounds else {}
     sub, share = last.get("gauge/drift_subspace_angle_deg"), last.get("gauge/drift_rotation_share")
     if isinstance(sub, (int, float)) or isinstance(share, (int, float)):
         parts = []

@@ -98,6 +98,8 @@ def test_drift_sentence():
     assert "0.0° after round 1, 70.0° after round 8 (largest 70.0°, round 8)" in drift_sentence(many)
     degenerate = drift_sentence([{"round": 0, "gauge/drift_degenerate": 1}])
     assert "not identifiable" in degenerate and "°" not in degenerate
+    masked = drift_sentence([{"round": 0, "gauge/drift_degenerate": 1, "gauge/drift_subspace_angle_deg": 4.31}])
+    assert "not identifiable in any round" in masked and "subspace the angle was 4.3° after round 1" in masked
     partly = drift_sentence([{"round": 0, "gauge/drift_degenerate": 1}, {"round": 1, "gauge/drift_angle_deg": 5.0}])
     assert "5.0° after round 2" in partly and "1 round(s) had frames too degenerate" in partly
 
