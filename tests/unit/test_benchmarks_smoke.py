@@ -43,3 +43,10 @@ def test_bench_secagg_small_prints_the_ratios(tmp_path):
                "--workdir", str(tmp_path))
     assert re.search(r"^ratio secure/plain bytes per round: \d+\.\d+x \(protobuf \d+\.\d+x\); "
                      r"seconds per round: \d+\.\d+x; seconds beyond compute: -?\d+\.\d+x", out, re.M), out
+
+
+def test_bench_drift_mask_prints_the_ratios_and_identical_reports():
+    out = _run("bench_drift_mask.py", "-C", "4", "--reps", "1", timeout=120)
+    assert re.search(r"ratio mask/raise \d+\.\d+; reports identical: True", out), out
+    assert re.search(r"\(ratio \d+\.\d+, for \d+ pairs instead of \d+\)", out), out
+    assert "subspace angles to the global: 4 of 4 measured" in out, out
