@@ -70,6 +70,12 @@ def load_summaries(study_dir: str | Path) -> dict[str, dict]:
 REMEASURED = "remeasured"
 
 
+def _round_verified(r: dict) -> bool:
+    """A replayed round committed the saved global, or reproduced every kept inner state bitwise."""
+    states = r.get("state_bitwise_equal") or {}
+    return r.get("global_hash_equal") is True or (bool(states) and all(v is True for v in states.values()))
+
+
 def load_remeasured(study_dir: str | Path) -> dict[str, dict[int, dict]]:
     """Verified re-measured round metrics, ``{run_id: {round: metrics}}``.
 
@@ -84,12 +90,7 @@ def load_remeasured(study_dir: str | Path) -> dict[str, dict[int, dict]]:
         rounds = rec.get("replayed_rounds") or []
         if rec.get("verified") is not True:
             continue
-
-        def checked(r: dict) -> bool:
-            states = r.get("state_bitwise_equal") or {}
-            return r.get("global_hash_equal") is True or (bool(states) and all(v is True for v in states.values()))
-
-        verified = [int(r["round"]) for r in rounds if checked(r)]
+        verified = [int(r["round"]) for r in rounds if _round_verified(r)]
         if not verified:
             continue
         out[str(rec.get("run_id", p.stem))] = {int(r["round"]): {**(r.get("metrics") or {}),

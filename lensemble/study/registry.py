@@ -289,8 +289,7 @@ def build_registry(spec, plan) -> dict:
             if c["id"] in confirm_family else "none (interval decision / intersection-union)",
         }
         for comp in c.get("components", []):
-            key = {"drift_final": "drift", "drift_mean": "drift", "drift_subspace_final": "drift",
-                   "drift_subspace_mean": "drift", "success": "success", "effective_dim": "effective_dim"}[comp["metric"]]
+            key = "drift" if comp["metric"].startswith("drift_") else comp["metric"]  # one power per drift metric
             comp["mde"] = power["components"][key]["mde_at_first_holm_step"]
             comp["metric_definition"] = METRICS[comp["metric"]]
     sweeps = {}

@@ -77,6 +77,7 @@ def paired_vs_ladder(groups: dict, group: str, point: str, arm: str, metric: str
     t = paired_t_test(diffs, delta=1.0)  # the registered test's t interval; δ enters only its p-values
     return {"n": t.n, "mean": t.estimate, "ci": [t.ci.low, t.ci.high]}
 
+
 def achieved_precision(component: dict, *, alpha: float, power: float) -> dict:
     """What one decided comparison could resolve, from its own data: the achieved MDE (the
     registered one-sided t test at ``alpha`` with the observed per-seed SD and n, for ``power``)
