@@ -211,6 +211,8 @@ def study(name: str = typer.Option("tiny", help="study name (results under <out>
           out: str = typer.Option("docs/results", help="where summaries, registry and report go"),
           scratch: str = typer.Option(None, help="scratch folder for checkpoints (default runs/study/<name>)"),
           jobs: int = typer.Option(1, help="runs in parallel (one torch thread each)"),
+          first: str = typer.Option(None, help="groups whose missing runs go first, e.g. severity,dp "
+                                    "(order only: plan and registry unchanged)"),
           amend: str = typer.Option(None, help="reason for changing the registry after runs started"),
           plan_only: bool = typer.Option(False, help="write registry and plan, print the cost estimate"),
           report_only: bool = typer.Option(False, help="rebuild analysis and report from summaries"),
@@ -222,7 +224,7 @@ def study(name: str = typer.Option("tiny", help="study name (results under <out>
     try:
         res = study_command(list(overrides or []), name=name, preset=preset, seeds=seeds, sweeps=sweeps,
                             out=out, scratch=scratch, progress=progress, amend=amend, plan_only=plan_only,
-                            report_only=report_only, jobs=jobs)
+                            report_only=report_only, jobs=jobs, first=first)
     except LensembleError as exc:
         _fail(exc)
     console.print(f"planned {res.planned} · executed {res.executed} · skipped {res.skipped} · failed {len(res.failed)}")
@@ -348,16 +350,18 @@ def study_command(
     plan_only: bool = False,
     report_only: bool = False,
     jobs: int = 1,
+    first: Sequence[str] | str | None = None,
 ):
     """``lensemble study [--name N] [--preset P] [--seeds 0,1,2] [--sweeps a,b|none] [--out DIR]
-    [--scratch DIR] [--jobs J] [--amend REASON] [--plan-only] [--report-only] [--no-progress]
+    [--scratch DIR] [--jobs J] [--first a,b] [--amend REASON] [--plan-only] [--report-only] [--no-progress]
     [OVERRIDES...]``; returns the ``StudyResult``.
 
     ``overrides`` starting with ``study.`` change the preset (``study.registry.rho_threshold=0.6``,
     ``study.evaluation.parallel=4``); all others are Hydra overrides appended to every run
     (``eval.episodes=50``), except multirun ones (``federation.outer_lr=0.5,0.7``), which add a
     sweep over every ladder arm. ``seeds`` may be a string (``"0-5"``, ``"0,2,4"``) and ``sweeps`` a
-    comma list or ``"none"``. The preset defaults to ``configs/study/<name>.yaml``. With
+    comma list or ``"none"``; ``first`` (a comma list too) moves those groups' missing runs to the
+    front without changing the plan or the registry. The preset defaults to ``configs/study/<name>.yaml``. With
     ``report_only`` nothing is planned or run: the report is rebuilt from ``<out>/<name>/``.
     """
     from lensemble.study.plan import is_sweep, with_ladder_sweeps
@@ -369,6 +373,8 @@ def study_command(
     seeds = parse_seeds(seeds) if isinstance(seeds, str) else seeds
     if isinstance(sweeps, str):
         sweeps = [x.strip() for x in sweeps.split(",") if x.strip()]
+    if isinstance(first, str):
+        first = [x.strip() for x in first.split(",") if x.strip()]
     overrides = list(overrides or [])
     study_ov = [o[len("study."):] for o in overrides if o.startswith("study.")]
     run_ov = [o for o in overrides if not o.startswith("study.")]
@@ -378,7 +384,7 @@ def study_command(
     spec = load_study_spec(preset or name, study_ov, name=name, seeds=seeds, sweeps=sweeps, run_overrides=run_ov)
     spec = with_ladder_sweeps(spec, adhoc)
     return run_study(spec, out=out, scratch=scratch, progress=progress, amend=amend, plan_only=plan_only,
-                     jobs=jobs)
+                     jobs=jobs, first=first or ())
 
 
 def main():  # entry point for `python -m lensemble`

@@ -410,6 +410,7 @@ def run_study(
     report_only: bool = False,
     keep_going: bool = True,
     jobs: int = 1,
+    first: Sequence[str] = (),
 ) -> StudyResult:
     """Plan, register, run what is missing, analyse and report one study (see the module doc).
 
@@ -424,6 +425,9 @@ def run_study(
             and the study goes on; it is retried on the next call.
         jobs: runs executed at once in worker processes (one torch thread each). Warm starts
             and data collection happen first, in this process, so workers never race on them.
+        first: groups (``severity``, ``dp``, ...) whose missing runs go first, in the order given;
+            the rest follow in plan order. Only the order changes: the plan and registry do not,
+            so a study stopped early has spent its time on the groups that matter most to it.
     """
     study_dir = Path(out) / spec.name
     if report_only:
@@ -440,7 +444,7 @@ def run_study(
     # Insertion order is meaningful here (arms in ladder order, sweep values as given): no sort_keys.
     atomic_write(study_dir / "plan.json", json.dumps({**plan.to_json(), "estimate": estimate}, indent=1))
     sync_registry(study_dir, registry, runs_done=len(done), amend=amend)
-    todo = [r for r in plan.runs.values() if r.run_id not in done]
+    todo = _prioritised([r for r in plan.runs.values() if r.run_id not in done], plan, first)
     say = _Say(progress)
     left_est = sum(estimate["per_kind_seconds"].values()) * (len(todo) / max(len(plan.runs), 1))
     say(f"study [bold]{spec.name}[/]: {len(plan.runs)} runs planned, {len(done)} done, {len(todo)} left "
@@ -458,6 +462,25 @@ def run_study(
     if not plan_only:
         analysis, report = rebuild_report(study_dir, progress=progress)
     return StudyResult(study_dir, len(plan.runs), executed, len(done), failed, analysis, report)
+
+
+def _prioritised(todo: list[PlannedRun], plan: StudyPlan, first: Sequence[str]) -> list[PlannedRun]:
+    """``todo`` with the runs of the ``first`` groups moved ahead (stable: plan order otherwise).
+
+    A run shared by several cells (a sweep point equal to the ladder's setting) ranks by its
+    earliest listed group.
+    """
+    first = list(first)
+    if unknown := [g for g in first if g not in plan.groups]:
+        raise ConfigError(f"--first names groups this study does not plan: {unknown}; planned: {list(plan.groups)}")
+    if not first:
+        return todo
+
+    def rank(run: PlannedRun) -> int:
+        groups = [c.split("/", 1)[0] for c in run.cells]
+        return min((first.index(g) for g in groups if g in first), default=len(first))
+
+    return sorted(todo, key=rank)
 
 
 def _power_lines(registry: dict) -> list[str]:

@@ -514,3 +514,22 @@ def test_per_seed_warm_starts_train_in_the_worker_pool(tmp_path):
     for s in (0, 1):
         for rid in (f"warmstart_only-s{s}", f"naive-s{s}"):
             assert json.loads((runs / f"{rid}.json").read_text())["warmstart_hash"] == warm[s]
+
+
+def test_first_moves_named_groups_ahead_without_touching_the_plan():
+    spec = load_study_spec("region")
+    plan = plan_study(spec)
+    todo = [r for r in plan.runs.values() if r.kind != "warmstart"]
+    ordered = runner._prioritised(todo, plan, ["dp", "severity"])
+    assert sorted(r.run_id for r in ordered) == sorted(r.run_id for r in todo)  # a reordering only
+    groups = [{c.split("/", 1)[0] for c in r.cells} for r in ordered]
+    n_dp = sum("dp" in g for g in groups)
+    assert n_dp and all("dp" in g for g in groups[:n_dp])
+    # severity next, including its 1.0 point (shared with the ladder: it ranks by its listed group)
+    n_sev = sum("severity" in g and "dp" not in g for g in groups)
+    assert all("severity" in g for g in groups[n_dp:n_dp + n_sev])
+    rest = ordered[n_dp + n_sev:]
+    assert rest == [r for r in todo if r in rest]  # plan order otherwise
+    assert runner._prioritised(todo, plan, []) == todo
+    with pytest.raises(ConfigError, match="does not plan"):
+        runner._prioritised(todo, plan, ["severty"])
