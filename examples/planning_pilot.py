@@ -450,7 +450,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0", help="root seeds of the training replicates, e.g. 0,1,2")
     ap.add_argument("--protocol", default="strict", choices=("strict", "dataset_goal"),
                     help="evaluation protocol (configs/eval/<protocol>.yaml); training is unaffected")
-    ap.add_argument("--oracle", action="store_true", help="also score the true-simulator oracle (TwoRoom)")
+    ap.add_argument("--oracle", action="store_true", help="also score the true-simulator oracle")
     ap.add_argument("--costs", default="l1",
                     help=f"planner energies to score every trained arm with, comma-separated, of {sorted(COSTS)}")
     ap.add_argument("--stage", choices=("all", "train", "eval"), default="all")
@@ -500,7 +500,7 @@ def main() -> None:
     # name -> (checkpoint, policy, cache key, config); the floors' keys are the first pilot's.
     runs = {"random actions": (untrained_dir, "random", "random-actions", cfg),
             "untrained model, CEM": (untrained_dir, "mpc", "untrained-model-CEM", cfg)}
-    if args.oracle and cfg.env.id == TWOROOM:  # the only env whose true dynamics the oracle can batch
+    if args.oracle:  # TwoRoom's batched closed-form step, PushT's pymunk shadows (lensemble.eval.pusht_sim)
         runs["oracle (true dynamics), CEM"] = (untrained_dir, "oracle", "oracle-(true-dynamics)-CEM", cfg)
     cost_cfgs = {c: load_config([f"run_dir={out}", *args.overrides, *protocol, *COSTS[c]]) for c in costs}
     trained: dict[str, dict] = {}

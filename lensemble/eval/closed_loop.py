@@ -56,7 +56,7 @@ from lensemble.data.partition import partition_silos
 from lensemble.data.shards import EpisodeBatch, load_shard
 from lensemble.data.store import ensure_data
 from lensemble.envs.adapter import env_info, make_env
-from lensemble.envs.factors import TWOROOM, factor_spec, supported_envs
+from lensemble.envs.factors import PUSHT, TWOROOM, factor_spec, supported_envs
 from lensemble.errors import ConfigError, EvaluationError
 from lensemble.eval.controls import RandomActionPolicy
 from lensemble.eval.costs import planning_cost
@@ -71,6 +71,7 @@ from lensemble.eval.goals import (  # noqa: F401  (EpisodeSpec, pose_goal: re-ex
 )
 from lensemble.eval.ladder import LadderSettings, run_ladder
 from lensemble.eval.mpc import CostFn, Planner, WorldModelOnDevice, module_device
+from lensemble.eval.pusht_sim import PushTDynamics, pusht_embedding
 from lensemble.eval.reports import EpisodeRecord, EvalReport
 from lensemble.eval.routes import RouteTracker, TwoRoomDynamics
 from lensemble.model.world_model import world_model_from_state
@@ -78,6 +79,7 @@ from lensemble.observability.progress import progress_bar
 
 SPLITS = ("heldout", "factor")
 POLICIES = ("mpc", "random", "oracle")
+ORACLE_ENVS = (TWOROOM, PUSHT)  # the envs whose true dynamics the oracle can roll out
 
 #: ``plan_fn(z_hist (B, T0, d), past_actions (B, T0-1, A·b) | None, z_goal (B, d), init | None,
 #: *, streams=[episode index per row]) -> (actions (B, H, A·b), next_init | None)``. ``init`` is
@@ -170,9 +172,9 @@ def validate_request(env_id: str, cfg: LensembleConfig, *, split: str = "heldout
         raise EvaluationError(f"unknown split {split!r}", remediation=f"use one of {SPLITS} (--split)")
     if policy not in POLICIES:
         raise EvaluationError(f"unknown policy {policy!r}", remediation=f"use one of {POLICIES} (--policy)")
-    if policy == "oracle" and env_id != TWOROOM:
-        raise EvaluationError(f"the oracle planner needs TwoRoom's dynamics; {env_id} has none here",
-                              remediation="use --policy mpc or random on this env")
+    if policy == "oracle" and env_id not in ORACLE_ENVS:
+        raise EvaluationError(f"the oracle planner needs the true dynamics; {env_id} has none here",
+                              remediation=f"use --policy mpc or random on this env (oracle: {ORACLE_ENVS})")
     if episodes is not None and (isinstance(episodes, bool) or int(episodes) != episodes or episodes < 1):
         raise ConfigError(f"episodes must be a positive integer, got {episodes!r}",
                           remediation="pass --episodes N with N >= 1")
@@ -421,17 +423,28 @@ def _mpc_chunk(model, envs, specs, starts, goals, eval_cfg: EvalConfig, plan_fn:
 
 
 def _oracle_chunk(envs, specs, eval_cfg: EvalConfig, planner: Planner, block: int) -> ClosedLoopResult:
-    """:func:`_mpc_chunk` with TwoRoom's true dynamics in place of the world model: the state is
-    the agent position (read from the env), the goal the goal position, rollouts are
-    :class:`~lensemble.eval.routes.TwoRoomDynamics` (the env's own step, batched)."""
+    """:func:`_mpc_chunk` with the true dynamics in place of the world model.
+
+    TwoRoom: the state is the agent position (read from the env), the goal the goal position,
+    rollouts are :class:`~lensemble.eval.routes.TwoRoomDynamics` (the env's own step, batched).
+    PushT: the state is :func:`~lensemble.eval.pusht_sim.pusht_embedding` of the env state and of
+    the goal state, rollouts are :class:`~lensemble.eval.pusht_sim.PushTDynamics` (the env's pymunk
+    physics on a restored shadow space per sample).
+    """
     b = len(envs)
     low = np.asarray(envs[0].info.action_low, np.float32)
     high = np.asarray(envs[0].info.action_high, np.float32)
     a_dim = envs[0].info.action_dim
     d0 = [env.distance_to_goal() for env in envs]
     routes = [RouteTracker(env) for env in envs]
-    dynamics = TwoRoomDynamics.from_envs(envs)
-    goal = torch.from_numpy(np.stack([env.goal_state()[:2] for env in envs]).astype(np.float32))
+    pusht = envs[0].env_id == PUSHT
+    dynamics = PushTDynamics.from_envs(envs) if pusht else TwoRoomDynamics.from_envs(envs)
+
+    def oracle_state(env) -> np.ndarray:  # what the planner's L1 energy scores, per env
+        return pusht_embedding(env.state()).numpy() if pusht else env.agent_position()
+
+    goal = (pusht_embedding(np.stack([env.goal_state() for env in envs])) if pusht
+            else torch.from_numpy(np.stack([env.goal_state()[:2] for env in envs]).astype(np.float32)))
     t_start = time.perf_counter()
     active = np.ones(b, dtype=bool)
     success = np.zeros(b, dtype=bool)
@@ -443,7 +456,7 @@ def _oracle_chunk(envs, specs, eval_cfg: EvalConfig, planner: Planner, block: in
     while active.any() and elapsed < eval_cfg.budget:
         rows = np.flatnonzero(active)
         idx = torch.from_numpy(rows)
-        pos = torch.from_numpy(np.stack([envs[r].agent_position() for r in rows]))
+        pos = torch.from_numpy(np.stack([oracle_state(envs[r]) for r in rows]))
         sim = dynamics.take(idx).repeat(planner.num_samples)
         tp = time.perf_counter()
         # sim is bound now: plan() calls the rollout before the loop moves on

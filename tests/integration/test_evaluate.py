@@ -88,9 +88,33 @@ def test_success_tracks_the_task_oracle_beats_random_on_the_same_episodes(setup)
     assert len(pairs) == 4 and all(a.start_distance == b.start_distance for a, b in pairs)
 
 
-def test_oracle_needs_tworoom(setup):
+def test_pusht_oracle_plans_on_the_true_simulator_and_beats_random(setup, tmp_path):
+    """PushT's oracle (the same CEM on the env's own pymunk physics, lensemble.eval.pusht_sim) solves
+    tasks 10 expert steps away with a small planner; random actions do not, on the same tasks."""
+    from lensemble.artifacts import save_checkpoint
+    from lensemble.model import architecture, build_world_model
+
+    cfg = load_config(["experiment=micro", f"data.root={tmp_path / 'data'}", "env=pusht", "eval.num_samples=64",
+                       "eval.iterations=5", "eval.topk=8", "eval.budget=25", "eval.goal_offset=10"])
+    model = build_world_model(cfg.model, init_seed=3)
+    save_checkpoint(tmp_path / "ckpt", model.state_dict(), kind="world_model", architecture=architecture(cfg.model),
+                    config_hash=cfg.config_hash())
+    runs = {p: evaluate(tmp_path / "ckpt", "swm/PushT-v1", cfg=cfg, episodes=4, progress=False, policy=p, ladder=False)
+            for p in ("oracle", "random")}
+    oracle, random = runs["oracle"], runs["random"]
+    assert oracle.planner == "oracle-cem" and oracle.n_successes >= 2 > random.n_successes
+    for r in runs.values():
+        for e in r.episodes:
+            # PushT's flag: agent and block within 20 px of the goal (and the angle within π/9)
+            assert not e.success or e.final_distance < 20.0 + 1e-3, e
+            assert e.success or e.steps == cfg.eval.budget, e
+    assert [e.start_distance for e in oracle.episodes] == [e.start_distance for e in random.episodes]
+
+
+def test_oracle_needs_an_env_whose_dynamics_it_has(setup, monkeypatch):
     cfg, root, _, _ = setup
-    with pytest.raises(EvaluationError):
+    monkeypatch.setattr(closed_loop, "ORACLE_ENVS", (ENV,))
+    with pytest.raises(EvaluationError, match="true dynamics"):
         evaluate(root / "ckpt", "swm/PushT-v1", cfg=cfg, episodes=1, progress=False, policy="oracle")
 
 
