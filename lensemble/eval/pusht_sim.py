@@ -8,8 +8,9 @@ ceiling of the planner and the protocol. TwoRoom's step is closed-form and batch
 once) and, for every sampled action sequence, restores the shadow's two bodies to the live env's
 state and steps it exactly as ``PushTEnv.step`` does (the PD controller on the kinematic agent,
 ``n_substeps`` physics ticks per env step). Restoring the bodies is enough: a restored shadow
-reproduces the env's trajectory to ≤ 1e-6 px, contacts included (measured 0 to 6e-14 px; the
-solver's warm-start cache is the shadow's own, the one thing not restored; tests/unit/test_pusht_sim.py).
+reproduces the env's trajectory to ≤ 1e-6 px over 5 env steps, contacts included (measured 0 to
+6e-14 px); the contact solver's warm-start cache, the one thing not restored, lets a 25-step
+horizon of random pushing drift by ≤ 0.4 px (tests/unit/test_pusht_sim.py).
 ``Space.copy`` alone is not: pymunk 7.3 unpickles a body's angle after its position, which moves
 a body whose centre of gravity is off its origin (PushT's T block) by tens of pixels.
 
@@ -19,9 +20,11 @@ r = 20 / (π/9) px per rad: success is ‖Δ(agent, block)‖ < 20 px and |Δθ|
 position and a unit of angle cost the same fraction of their success thresholds (the chord
 2r·sin(Δθ/2) ≈ r·Δθ near the goal; cos/sin make the wrap at 2π harmless).
 
-Cost: one env step is ``n_substeps`` (10) pymunk ticks of ≈ 2 µs plus the Python controller; a
-CEM call (300 samples × 30 iterations × 25 env steps) is ≈ 2.25 M ticks per episode, seconds on
-one core (``benchmarks/bench_pusht_oracle.py`` prints the measured rate).
+Cost: one env step is ``n_substeps`` (10) pymunk ticks plus the vectorised controller, with one
+velocity write per tick and shadow (each pymunk property access costs about what a tick does);
+a strict-protocol CEM call (300 samples × 30 iterations × 25 env steps) is 225 k env steps per
+episode, ≈ 80 s on one loaded core (``benchmarks/bench_pusht_oracle.py``: 1.78× the env's own
+``env.step`` rate).
 """
 
 from __future__ import annotations

@@ -50,3 +50,10 @@ def test_bench_drift_mask_prints_the_ratios_and_identical_reports():
     assert re.search(r"ratio mask/raise \d+\.\d+; reports identical: True", out), out
     assert re.search(r"\(ratio \d+\.\d+, for \d+ pairs instead of \d+\)", out), out
     assert "subspace angles to the global: 4 of 4 measured" in out, out
+
+
+def test_bench_pusht_oracle_prints_the_ratio_and_the_difference():
+    out = _run("bench_pusht_oracle.py", "--sequences", "4")
+    assert re.search(r"^ratio shadow/env steps/s: \d+\.\d+$", out, re.M), out
+    m = re.search(r"^max \|embedding difference\| shadow vs env at the last step: (\S+) px$", out, re.M)
+    assert m and float(m.group(1)) < 2.0, out  # within a tenth of PushT's 20 px success tolerance
