@@ -68,22 +68,26 @@ def format_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
-def eta_seconds(done: float, total: float, elapsed: float) -> float | None:
-    """Remaining time at the mean rate so far; None before anything is done."""
-    if done <= 0 or total <= 0 or elapsed <= 0:
+def eta_seconds(done: float, total: float, elapsed: float, initial: float = 0) -> float | None:
+    """Remaining time at the mean rate so far; None before anything is done.
+
+    ``initial`` units were already done when the clock started (a resumed study's finished runs):
+    they count toward ``done`` but not toward the rate, or a resume would promise minutes for hours.
+    """
+    if done - initial <= 0 or total <= 0 or elapsed <= 0:
         return None
-    return max(0.0, elapsed * (total - done) / done)
+    return max(0.0, elapsed * (total - done) / (done - initial))
 
 
 def progress_line(description: str, done: int, total: int, elapsed: float, info: str = "", *,
-                  finished: bool = False) -> str:
-    """One plain progress line (without the ``[lensemble]`` prefix)."""
+                  finished: bool = False, initial: int = 0) -> str:
+    """One plain progress line (without the ``[lensemble]`` prefix); ``initial`` as in :func:`eta_seconds`."""
     pct = 100.0 * done / total if total else 100.0
     line = f"{description} {done}/{total} ({pct:.0f} %), {format_duration(elapsed)} elapsed"
     if finished:
         line += ", done"
     else:
-        eta = eta_seconds(done, total, elapsed)
+        eta = eta_seconds(done, total, elapsed, initial)
         if eta is not None:
             line += f", ETA {format_duration(eta)}"
     if info:
@@ -95,20 +99,22 @@ class PlainProgress:
     """The plain face of :func:`progress_bar`: throttled lines on a stream."""
 
     def __init__(self, description: str, total: int, *, stream=None, step: float = PLAIN_STEP,
-                 seconds: float = PLAIN_SECONDS, clock: Callable[[], float] = time.monotonic):
+                 seconds: float = PLAIN_SECONDS, clock: Callable[[], float] = time.monotonic, initial: int = 0):
         self.description = description
         self.total = max(int(total), 0)
         self.stream = stream
         self.step = step
         self.seconds = seconds
         self.clock = clock
-        self.done = 0
+        self.initial = max(int(initial), 0)
+        self.done = self.initial
         self.info = ""
         self.started = clock()
         self._last_time = self.started
-        self._last_share = 0.0
+        self._last_share = self.done / self.total if self.total else 0.0
         self._finished = False
-        self._emit(self.description + (f" 0/{self.total}" if self.total else "") + ", started")
+        self._emit(self.description + (f" {self.done}/{self.total}" if self.total else "") + ", started"
+                   + (f" ({self.initial} already done)" if self.initial else ""))
 
     def _emit(self, text: str) -> None:
         stream = self.stream if self.stream is not None else sys.stderr
@@ -126,7 +132,8 @@ class PlainProgress:
             self.finish()
             return
         if share - self._last_share >= self.step - 1e-9 or now - self._last_time >= self.seconds:
-            self._emit(progress_line(self.description, self.done, self.total, now - self.started, self.info))
+            self._emit(progress_line(self.description, self.done, self.total, now - self.started, self.info,
+                                     initial=self.initial))
             self._last_time = now
             self._last_share = share
 
@@ -139,17 +146,18 @@ class PlainProgress:
 
 
 @contextmanager
-def progress_bar(description: str, total: int, *, enabled: bool = True):
+def progress_bar(description: str, total: int, *, enabled: bool = True, initial: int = 0):
     """Yield ``advance(n=1, info="", description=None)``; shows progress on stderr when ``enabled``.
 
     A live rich bar in a terminal, plain periodic lines otherwise (see the module docstring).
-    ``description`` renames the step (e.g. the collection's current group).
+    ``description`` renames the step (e.g. the collection's current group). ``initial`` units
+    are done before the clock starts: shown in the count, left out of the ETA's rate.
     """
     if not enabled:
         yield lambda n=1, **_: None
         return
     if not interactive():
-        plain = PlainProgress(description, total)
+        plain = PlainProgress(description, total, initial=initial)
         yield plain.advance
         return
     from rich.console import Console
@@ -166,7 +174,7 @@ def progress_bar(description: str, total: int, *, enabled: bool = True):
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}")]
     with Progress(*columns, console=console, transient=False, refresh_per_second=4) as prog:
-        task = prog.add_task(description, total=total, info="")
+        task = prog.add_task(description, total=total, completed=initial, info="")  # rich's speed counts advances only
 
         def advance(n: int = 1, info: str = "", description: str | None = None, **_):
             fields = {"description": description} if description else {}

@@ -223,8 +223,9 @@ def _execute(spec, plan, todo, n_done, study_dir, scratch_dir, *, progress, keep
     say = _Say(progress)
     failed: dict[str, str] = {}
     executed = 0
-    with progress_bar(f"study {spec.name}", n_done + len(todo), enabled=progress) as advance:
-        advance(n_done, info=f"{n_done} done, {len(todo)} left")
+    # The finished runs count in the bar but not in its rate: a resumed study's ETA is for what is left.
+    with progress_bar(f"study {spec.name}", n_done + len(todo), enabled=progress, initial=n_done) as advance:
+        advance(0, info=f"{n_done} done, {len(todo)} left")
 
         def finished(run, summary, error, seconds, remaining):
             nonlocal executed

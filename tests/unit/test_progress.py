@@ -15,6 +15,7 @@ from lensemble.observability.console import QuietFilter, configure_console
 from lensemble.observability.progress import (
     Heartbeat,
     PlainProgress,
+    eta_seconds,
     format_duration,
     interactive,
     progress_bar,
@@ -64,6 +65,25 @@ def test_plain_progress_prints_every_tenth_and_every_30_seconds():
     gaps = [b - a for a, b in zip(out.times, out.times[1:], strict=False)]
     assert max(gaps) <= 30.0 + 1e-9  # a slow step never leaves the log silent for more than 30 s
     assert len(lines) < 30
+
+
+def test_a_resumed_count_is_shown_but_left_out_of_the_eta():
+    """A study resumed with 98 of 177 runs done that then takes 10 min per run: the ETA must be
+    for the 79 left at that rate, not the few minutes that counting the 98 as instant would say."""
+    assert eta_seconds(99, 177, 600.0, initial=98) == 78 * 600.0
+    assert eta_seconds(98, 177, 600.0, initial=98) is None     # nothing new done yet: no rate
+    assert eta_seconds(99, 177, 600.0) == pytest.approx(600.0 * 78 / 99)  # what the old bar said
+
+    class Clock:
+        t = 0.0
+
+    clock, out = Clock(), io.StringIO()
+    bar = PlainProgress("study region", 177, stream=out, clock=lambda: clock.t, initial=98)
+    clock.t = 600.0
+    bar.advance(1)  # 99/177: 0.6 % past the last line, but 600 s > the 30 s rule
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[lensemble] study region 98/177, started (98 already done)"
+    assert lines[-1].startswith("[lensemble] study region 99/177 (56 %), 10m00s elapsed, ETA 13h00m00s")
 
 
 def test_progress_bar_is_plain_when_stderr_is_not_a_terminal(capsys, monkeypatch):
