@@ -4,9 +4,9 @@ The oracle (``lensemble.eval.closed_loop.evaluate(..., policy="oracle")``) plans
 protocol's planner but replaces the world model by the true dynamics, so its success is the
 ceiling of the planner and the protocol. TwoRoom's step is closed-form and batched
 (:class:`~lensemble.eval.routes.TwoRoomDynamics`); PushT's is rigid-body contact, so
-:class:`PushTDynamics` keeps one *shadow* pymunk space per episode (a copy of the env's space, made
-once) and, for every sampled action sequence, restores the shadow's two bodies to the live env's
-state and steps it exactly as ``PushTEnv.step`` does (the PD controller on the kinematic agent,
+:class:`PushTDynamics` keeps *shadow* pymunk spaces (copies of the env's space, one per sample,
+pooled across episodes of the same geometry) and, for every sampled action sequence, restores a
+shadow's two bodies to the live env's state and steps it as ``PushTEnv.step`` does (the PD controller on the kinematic agent,
 ``n_substeps`` physics ticks per env step). Restoring the bodies is enough: a restored shadow
 reproduces the env's trajectory to ≤ 1e-6 px over 5 env steps, contacts included (measured 0 to
 6e-14 px); the contact solver's warm-start cache, the one thing not restored, lets a 25-step
