@@ -113,6 +113,10 @@ VARIANTS = {
     # the two levers that moved planning, together: h on g's 5x trajectories
     "i": ["model.input_norm=global", "model.projector_norm=batchnorm", "objective.lambda_rollout=1.0",
           "data.episodes_per_silo=200"],
+    # h with an inverse-dynamics head (shared/notes/planning-levers.md: EB-JEPA 97 % -> 1 % without it;
+    # PLDM weights it 1.07): the latents must keep what each action changed
+    "j": ["model.input_norm=global", "model.projector_norm=batchnorm", "objective.lambda_rollout=1.0",
+          "model.inverse_head=256", "objective.lambda_inverse=1.0"],
 }
 #: Planner energies an arm can be scored with (eval overrides; docs/evaluation.md "Planner energy").
 COSTS = {

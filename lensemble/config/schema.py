@@ -46,9 +46,10 @@ def _omit_defaults(dump: dict, added: dict) -> dict:
 
 
 #: Fields added to a section after hashes had been taken of its dump, with their defaults.
-_MODEL_ADDED_DEFAULTS = {"predictor_attention": "window", "input_norm": "pixel", "projector_norm": "layernorm"}
+_MODEL_ADDED_DEFAULTS = {"predictor_attention": "window", "input_norm": "pixel", "projector_norm": "layernorm",
+                         "inverse_head": 0}
 _TRAIN_ADDED_DEFAULTS = {"bn_recalibration_batches": 40}
-_OBJECTIVE_ADDED_DEFAULTS = {"lambda_straight": 0.0, "lambda_rollout": 0.0}
+_OBJECTIVE_ADDED_DEFAULTS = {"lambda_straight": 0.0, "lambda_rollout": 0.0, "lambda_inverse": 0.0}
 _EVAL_ADDED_DEFAULTS = {"goal_source": "expert", "cost": "l1", "reach_source": "public", "reach_aggregate": "final",
                         "reach_max_gap": 50, "reach_steps": 2000}
 _DATA_ADDED_DEFAULTS = {"shared_homes": False}
@@ -87,6 +88,11 @@ class ModelConfig(_Section):
         description="normalisation inside the projector after the CLS token: LayerNorm, or BatchNorm1d "
         "(LeWM) whose running statistics are recalibrated before every checkpoint "
         "(train.bn_recalibration_batches)",
+    )
+    inverse_head: int = Field(
+        0, ge=0,
+        description="hidden width of the inverse-dynamics head (predicts the action block between two "
+        "latents; trained by objective.lambda_inverse); 0 builds no head (docs/model.md)",
     )
     action_dim: int = Field(2, ge=1, description="environment action dimension")
     action_block: int = Field(5, ge=1, description="env steps per latent step (frameskip)")
@@ -134,6 +140,12 @@ class ObjectiveConfig(_Section):
         "each clip's first latent (its own predictions fed back, as in planning) and the clip's later latents "
         "(train.clip_len - 1 steps); the same targets as the one-step term, so rotation equivariant like it "
         "(docs/model.md)",
+    )
+    lambda_inverse: float = Field(
+        0.0, ge=0,
+        description="inverse dynamics: weight of the MSE between the action block and the head's estimate of it "
+        "from each consecutive latent pair (needs model.inverse_head > 0); the head reads latents through the "
+        "predictor's in_proj, so it is invariant under the gauge (docs/model.md)",
     )
 
     @model_serializer(mode="wrap")
@@ -368,6 +380,9 @@ class LensembleConfig(_Section):
             raise ValueError("gauge.anchor_landmarks cannot exceed data.probe_frames")
         if self.objective.lambda_straight > 0 and self.train.clip_len < 3:
             raise ValueError("objective.lambda_straight needs train.clip_len >= 3 (a curvature spans three latents)")
+        if self.objective.lambda_inverse > 0 and self.model.inverse_head == 0:
+            raise ValueError("objective.lambda_inverse needs an inverse-dynamics head: set model.inverse_head "
+                             "(its hidden width, e.g. 256)")
         if self.federation.min_participants > self.data.num_silos:
             raise ValueError("federation.min_participants exceeds data.num_silos")
         if self.eval.goal_source == "dataset" and self.eval.goal_offset > self.data.steps_per_episode:

@@ -50,6 +50,7 @@ from lensemble.gauge.distill import aligned_consensus, distill_encoder
 from lensemble.gauge.drift import GLOBAL_KEY, frame_drift
 from lensemble.model.collapse import effective_dim, latent_std
 from lensemble.model.encoder import embed_frames
+from lensemble.model.objective import LOSS_TERMS
 from lensemble.model.world_model import architecture, world_model_from_state
 from lensemble.observability.metrics import MetricsSink
 from lensemble.training.warmstart import train_warmstart
@@ -355,7 +356,7 @@ class Coordinator:
         if self.tally is not None:
             metrics["dp/releases_bound"] = self.tally.bound()
         metrics.update(secure_metrics)
-        for key in ("loss/pred", "loss/sigreg", "loss/anchor"):
+        for key in (f"loss/{term}" for term in LOSS_TERMS):  # the participants' last inner step, averaged
             vals = [replies[p].metrics[key] for p in accepted if key in replies[p].metrics]
             if vals:
                 metrics[key] = float(np.mean(vals))

@@ -3,6 +3,7 @@
     total = λ_pred · MSE(g(z_{<K-1}, a), sg(z_{1:}))  +  λ_sig · SIGReg_A(all latents of the batch)
             + λ_anc · anchor(model)  +  λ_straight · mean_t (1 − cos(z_{t+1} − z_t, z_{t+2} − z_{t+1}))
             + λ_rollout · MSE(rollout(z_0, a_{0:K-1}), sg(z_{1:}))
+            + λ_inverse · MSE(inverse_head(z_t, z_{t+1}), a_t)
 
 The anchor term is pluggable (the gauge package supplies it); the sketch A is passed per call so
 the caller decides its schedule: :func:`sketch_for_step` (fresh every step, single-site) or
@@ -24,6 +25,10 @@ from lensemble.model.sigreg import make_sketch, sigreg
 
 AnchorFn = Callable[[torch.nn.Module], torch.Tensor]
 
+#: The unweighted terms :meth:`LossTerms.as_floats` can report (besides the total "loss"); the
+#: last three only when their weight is on. The trainer logs them as ``loss/<term>``.
+LOSS_TERMS = ("pred", "sigreg", "anchor", "straight", "rollout", "inverse")
+
 
 @dataclass
 class LossTerms:
@@ -38,9 +43,11 @@ class LossTerms:
     latents: torch.Tensor | None = None
     straight: torch.Tensor | None = None  # only when λ_straight > 0
     rollout: torch.Tensor | None = None   # only when λ_rollout > 0
+    inverse: torch.Tensor | None = None   # only when λ_inverse > 0
 
     def as_floats(self) -> dict[str, float]:
-        """Python floats for logging: {"loss", "pred", "sigreg", "anchor"} (+ "straight")."""
+        """Python floats for logging: {"loss", "pred", "sigreg", "anchor"} (+ "straight", "rollout",
+        "inverse" when their terms are on)."""
         out = {
             "loss": float(self.total.detach()),
             "pred": float(self.pred),
@@ -51,6 +58,8 @@ class LossTerms:
             out["straight"] = float(self.straight)
         if self.rollout is not None:
             out["rollout"] = float(self.rollout)
+        if self.inverse is not None:
+            out["inverse"] = float(self.inverse)
         return out
 
 
@@ -151,6 +160,14 @@ class JEPAObjective:
             roll = F.mse_loss(rolled.float(), target.float())
             total = total + cfg.lambda_rollout * roll
             roll = roll.detach()
+        inv = None
+        if cfg.lambda_inverse > 0:
+            # Not detached: the gradient reaches the encoder, which is the point of the lever
+            # (latents must keep what the action changed).
+            est = model.predictor.infer_actions(z[:, :-1], z[:, 1:])
+            inv = F.mse_loss(est.float(), actions.float())
+            total = total + cfg.lambda_inverse * inv
+            inv = inv.detach()
         return LossTerms(
             total=total,
             pred=pred_loss.detach(),
@@ -159,7 +176,8 @@ class JEPAObjective:
             latents=z.detach(),
             straight=straight,
             rollout=roll,
+            inverse=inv,
         )
 
 
-__all__ = ["JEPAObjective", "LossTerms", "sketch_for_round", "sketch_for_step", "temporal_straightening"]
+__all__ = ["LOSS_TERMS", "JEPAObjective", "LossTerms", "sketch_for_round", "sketch_for_step", "temporal_straightening"]

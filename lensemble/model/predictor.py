@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lensemble.config.schema import ModelConfig
+from lensemble.model.inverse_dynamics import InverseDynamicsHead
 
 _ROPE_BASE = 10000.0
 
@@ -149,6 +150,11 @@ class Predictor(nn.Module):
         self.norm = nn.LayerNorm(width)
         self.out_proj = nn.Linear(width, d)
         self._init_weights()
+        # Built after every other parameter is initialised, so its RNG draws come last and a model
+        # with the head starts exactly like one without it: the lever changes nothing else.
+        self.inverse = (
+            InverseDynamicsHead(width, cfg.inverse_head, self.action_in) if cfg.inverse_head > 0 else None
+        )
 
     @property
     def context(self) -> int:
@@ -223,6 +229,17 @@ class Predictor(nn.Module):
         win = win.permute(0, 1, 3, 2).reshape(b * (t - w), w, tok.shape[-1])
         rest = self._trunk(win, last_only=True).reshape(b, t - w, -1)
         return z + torch.cat([first, rest], dim=1)
+
+    def infer_actions(self, z_t: torch.Tensor, z_next: torch.Tensor) -> torch.Tensor:
+        """Inverse dynamics: latents z_t, z_next (..., d) -> estimated action blocks (..., A*b).
+
+        Needs the head (``ModelConfig.inverse_head > 0``). Reads z only through ``in_proj``, so
+        it is unchanged by :func:`~lensemble.model.world_model.rotate_latent_basis_`."""
+        if self.inverse is None:
+            raise ValueError("this predictor has no inverse-dynamics head (model.inverse_head = 0)")
+        if z_t.shape[-1] != self.latent_dim or z_t.shape != z_next.shape:
+            raise ValueError(f"z_t {tuple(z_t.shape)} and z_next {tuple(z_next.shape)} must both be (..., {self.latent_dim})")
+        return self.inverse(self.in_proj(z_t), self.in_proj(z_next))
 
     def prepare(self, z_hist: torch.Tensor, past_actions: torch.Tensor | None = None) -> RolloutState:
         """Digest an observed history once, for any number of :meth:`rollout_from` calls.
