@@ -11,6 +11,7 @@ that its destination is not inside a silo's private folder (``guard_export``).
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -95,6 +96,38 @@ def _rho_numbers(res: dict) -> str:
 
 def _esc(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _leaf_changes(old, new, path: str) -> list[tuple[str, object, object]]:
+    """(path, old, new) for each leaf that differs, descending into dicts and into lists of the
+    same length; a list of records with an ``id`` each is matched by id (``claims[C1]``), so an
+    amendment that edits one field of one claim shows that field, not the whole claims list."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [c for k in sorted(set(old) | set(new), key=str)
+                for c in _leaf_changes(old.get(k), new.get(k), f"{path}.{k}")]
+    if isinstance(old, list) and isinstance(new, list):
+        ids_old = [x.get("id") for x in old if isinstance(x, dict)]
+        ids_new = [x.get("id") for x in new if isinstance(x, dict)]
+        if len(ids_old) == len(old) and len(ids_new) == len(new) and None not in ids_old + ids_new \
+                and len(set(ids_old)) == len(old) and len(set(ids_new)) == len(new):
+            by_old, by_new = dict(zip(ids_old, old, strict=True)), dict(zip(ids_new, new, strict=True))
+            return [c for i in dict.fromkeys(ids_old + ids_new)
+                    for c in _leaf_changes(by_old.get(i), by_new.get(i), f"{path}[{i}]")]
+        if len(old) == len(new):
+            return [c for i, (a, b) in enumerate(zip(old, new, strict=True)) for c in _leaf_changes(a, b, f"{path}[{i}]")]
+    return [] if old == new else [(path, old, new)]
+
+
+def _short(value, limit: int = 90) -> str:
+    text = _esc(value if isinstance(value, str) else json.dumps(value, default=str))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _amendment_changes(changes: list[dict], shown: int = 8) -> str:
+    """The registry paths an amendment changed, leaf by leaf, each value cut to a readable length."""
+    leaves = [leaf for c in changes for leaf in _leaf_changes(c.get("old"), c.get("new"), c["path"])]
+    text = "; ".join(f"`{p}`: {_short(a)} → {_short(b)}" for p, a, b in leaves[:shown])
+    return text + (f"; … {len(leaves) - shown} more" if len(leaves) > shown else "")
 
 
 # ================================================================================== figures
@@ -527,8 +560,8 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
     if analysis.get("amendments"):
         lines += ["## Amendments to the registry", ""]
         for a in analysis["amendments"]:
-            changed = ", ".join(f"`{c['path']}`: {c['old']} → {c['new']}" for c in a.get("changes", [])[:8])
-            lines.append(f"- {a['at']}, after {a['runs_done']} runs: {_esc(a['reason'])} ({changed})")
+            lines.append(f"- {a['at']}, after {a['runs_done']} runs: {_esc(a['reason'])} "
+                         f"({_amendment_changes(a.get('changes', []))})")
         lines.append("")
 
     cost = analysis.get("cost", {})

@@ -87,3 +87,18 @@ def test_episode_owners_follow_the_heldout_cycle_and_the_silos_homes():
     # severity 0: no silo owns a value at home, so nothing to split
     iid = load_config(["experiment=micro", "data.partition_factor=agent.region", "data.severity=0.0"])
     assert all(o == () for o in episode_owners(iid, 4))
+
+
+def test_amendment_changes_name_the_leaf_that_changed():
+    from lensemble.study.report import _amendment_changes, _leaf_changes
+
+    old = [{"id": "C1", "delta": 10.0, "parts": [{"id": "a", "metric": "drift"}]}, {"id": "C2", "delta": 5.0}]
+    new = [{"id": "C2", "delta": 5.0}, {"id": "C1", "delta": 10.0, "parts": [{"id": "a", "metric": "drift_sub"}]}]
+    # Matched by id: the reordering is no change, the one edited field is the only leaf.
+    assert _leaf_changes(old, new, "claims") == [("claims[C1].parts[a].metric", "drift", "drift_sub")]
+    # Lists of other lengths are one change; dicts descend; a missing key reads as None.
+    assert _leaf_changes({"s": [0, 1, 2]}, {"s": [0, 1]}, "d") == [("d.s", [0, 1, 2], [0, 1])]
+    assert _leaf_changes({"a": 1}, {"a": 1, "b": 2}, "x") == [("x.b", None, 2)]
+    text = _amendment_changes([{"path": "claims", "old": old, "new": new}, {"path": "note", "old": "x" * 200, "new": "y"}])
+    assert text.startswith("`claims[C1].parts[a].metric`: drift → drift_sub; `note`: ")
+    assert "…" in text and len(text) < 300
