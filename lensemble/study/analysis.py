@@ -56,7 +56,7 @@ ROUND_METRICS = ("gauge/drift_angle_deg", "gauge/global_effective_dim", "gauge/g
                  "gauge/drift_rel_residual_before", "gauge/drift_rotation_share", "gauge/drift_subspace_angle_deg",
                  "gauge/pairwise_rel_residual_before", "gauge/pairwise_subspace_angle_deg",
                  "gauge/backstop_angle_deg", "gauge/backstop_aligned_angle_deg", "loss/pred",
-                 "loss/sigreg", "loss/anchor", "fed/comm_bytes", "fed/round_seconds")
+                 "loss/sigreg", "loss/anchor", "fed/comm_bytes", "fed/round_seconds", "dp/epsilon")
 RULES = ("corrected (issue 13): one-sided paired t tests for confirmation and falsification, Holm over every "
          "component, episode pairing for success")
 LABELS = ("confirmed", "falsified", "inconclusive")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from lensemble.config import load_config
 from lensemble.config.rungs import RUNGS
 from lensemble.data.residency import guard_export
 from lensemble.errors import ConfigError
@@ -96,6 +97,29 @@ def _rho_numbers(res: dict) -> str:
 
 def _esc(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _privacy_cost(group: dict) -> list[str]:
+    """Report lines with the ε each DP arm of a sweep group spent (``dp/epsilon`` after its last
+    round, over seeds) and the mechanism's parameters from the config the point selects; none for
+    a group without DP."""
+    out = []
+    for value, cell in group.items():
+        for arm, s in cell["arms"].items():
+            eps = (s.get("curves") or {}).get("dp/epsilon")
+            if not eps or not eps["mean"] or not eps["mean"][-1]:
+                continue
+            try:
+                priv = load_config([f"{cell['key']}={value}"]).privacy
+                mech = (f" at δ = {priv.delta:g} (Gaussian noise σ = {priv.noise_multiplier:g} × clip norm "
+                        f"{priv.clip_norm:g} on each update; target ε {_num(priv.target_epsilon)})")
+            except ConfigError:
+                mech = ""
+            out.append(f"Privacy cost, {value} / {_ARM_LABEL.get(arm, arm)}: ε = {_num(eps['mean'][-1])} "
+                       f"[{_num(eps['low'][-1])}, {_num(eps['high'][-1])} over {eps['n'][-1]} seeds] after "
+                       f"{len(eps['mean'])} rounds{mech}; the accountant bounds the silo that may have released most "
+                       "(docs/federation.md, Privacy). Its cost in success: the difference to the ladder's same arm, above.")
+    return ["", *out] if out else []
 
 
 def _leaf_changes(old, new, path: str) -> list[tuple[str, object, object]]:
@@ -492,6 +516,7 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
                       "95 % t interval; descriptive, no multiplicity correction):", "",
                       "| value | arm | seeds | point − ladder |", "|---|---|---|---|"]
             lines += [f"| {v} | {_ARM_LABEL.get(a, a)} | {r['n']} | {_num(r['mean'])}{_ci(r['ci'])} |" for v, a, r in vs]
+        lines += _privacy_cost(group)
         rows = analysis["sweeps"].get(g, [])
         if any(r.get("rho") and r["rho"].get("n") for r in rows):
             lines += ["", "| value | ρ | verdict vs threshold |", "|---|---|---|"]

@@ -102,3 +102,20 @@ def test_amendment_changes_name_the_leaf_that_changed():
     text = _amendment_changes([{"path": "claims", "old": old, "new": new}, {"path": "note", "old": "x" * 200, "new": "y"}])
     assert text.startswith("`claims[C1].parts[a].metric`: drift → drift_sub; `note`: ")
     assert "…" in text and len(text) < 300
+
+
+def test_privacy_cost_reads_the_last_rounds_epsilon_and_the_points_mechanism():
+    from lensemble.config import load_config
+    from lensemble.study.report import _privacy_cost
+
+    priv = load_config(["privacy=dp"]).privacy
+    eps = {"mean": [1.5, 2.5, 3.25], "low": [1.0, 2.0, 3.0], "high": [2.0, 3.0, 3.5], "n": [2, 2, 2]}
+    group = {"dp": {"key": "privacy", "arms": {"naive": {"curves": {"dp/epsilon": eps}}}}}
+    (blank, line) = _privacy_cost(group)
+    assert blank == ""
+    assert "ε = 3.25 [3, 3.5 over 2 seeds] after 3 rounds" in line
+    assert f"δ = {priv.delta:g}" in line and f"σ = {priv.noise_multiplier:g}" in line
+    # No DP: ε stays 0 (the coordinator logs 0 without a ledger) or is absent: no line.
+    assert _privacy_cost({"x": {"key": "federation.inner_steps", "arms": {"naive": {"curves": {
+        "dp/epsilon": {"mean": [0.0], "low": [0.0], "high": [0.0], "n": [2]}}}}}}) == []
+    assert _privacy_cost({"x": {"key": "privacy", "arms": {"naive": {"curves": {}}}}}) == []
