@@ -183,3 +183,15 @@ def test_epsilon_for_a_count_matches_the_history():
         ledger.step()
         assert ledger.epsilon_for(n) == pytest.approx(ledger.epsilon(), rel=1e-12)
     assert ledger.epsilon_for(0) == 0.0
+
+
+def test_dp_four_rounds_fits_four_releases_and_not_five():
+    """configs/privacy/dp_four_rounds.yaml: its name is its contract at its own δ and target."""
+    from lensemble.config import load_config
+
+    cfg = load_config(["privacy=dp_four_rounds"]).privacy
+    ledger = PrivacyLedger.from_config(cfg)
+    assert ledger.epsilon_for(4) <= cfg.target_epsilon < ledger.epsilon_for(5)
+    # The plain preset (σ = 1) allows two releases at the same target, which is why this one exists.
+    plain = PrivacyLedger.from_config(load_config(["privacy=dp"]).privacy)
+    assert plain.epsilon_for(2) <= cfg.target_epsilon < plain.epsilon_for(3)
