@@ -116,7 +116,7 @@ def _privacy_cost(group: dict) -> list[str]:
             except ConfigError:
                 mech = ""
             out.append(f"Privacy cost, {value} / {_ARM_LABEL.get(arm, arm)}: ε = {_num(eps['mean'][-1])} "
-                       f"[{_num(eps['low'][-1])}, {_num(eps['high'][-1])} over {eps['n'][-1]} seeds] after "
+                       f"(range {_num(eps['low'][-1])}–{_num(eps['high'][-1])} over {eps['n'][-1]} seeds) after "
                        f"{len(eps['mean'])} rounds{mech}; the accountant bounds the silo that may have released most "
                        "(docs/federation.md, Privacy). Its cost in success: the difference to the ladder's same arm, above.")
     return ["", *out] if out else []

@@ -113,7 +113,7 @@ def test_privacy_cost_reads_the_last_rounds_epsilon_and_the_points_mechanism():
     group = {"dp": {"key": "privacy", "arms": {"naive": {"curves": {"dp/epsilon": eps}}}}}
     (blank, line) = _privacy_cost(group)
     assert blank == ""
-    assert "ε = 3.25 [3, 3.5 over 2 seeds] after 3 rounds" in line
+    assert "ε = 3.25 (range 3–3.5 over 2 seeds) after 3 rounds" in line
     assert f"δ = {priv.delta:g}" in line and f"σ = {priv.noise_multiplier:g}" in line
     # No DP: ε stays 0 (the coordinator logs 0 without a ledger) or is absent: no line.
     assert _privacy_cost({"x": {"key": "federation.inner_steps", "arms": {"naive": {"curves": {
