@@ -48,6 +48,8 @@ def _num(x, digits: int = 3) -> str:
         return "–"
     if isinstance(x, int):
         return str(x)
+    if abs(x) < 1e-12:  # a mean of differences that cancel exactly prints as 0, not as rounding noise (2.8e-17)
+        x = 0.0
     return f"{x:.{digits}g}"
 
 

@@ -119,3 +119,9 @@ def test_privacy_cost_reads_the_last_rounds_epsilon_and_the_points_mechanism():
     assert _privacy_cost({"x": {"key": "federation.inner_steps", "arms": {"naive": {"curves": {
         "dp/epsilon": {"mean": [0.0], "low": [0.0], "high": [0.0], "n": [2]}}}}}}) == []
     assert _privacy_cost({"x": {"key": "privacy", "arms": {"naive": {"curves": {}}}}}) == []
+
+
+def test_numbers_that_cancel_print_as_zero():
+    from lensemble.study.report import _num
+
+    assert _num(0.34 - 0.32 - 0.02) == "0" and _num(-2.78e-17) == "0" and _num(1e-9) == "1e-09" and _num(0.1234) == "0.123"
