@@ -24,7 +24,8 @@ class InverseDynamicsHead(nn.Module):
     """MLP (2·width -> hidden -> A·b) on a pair of in_proj features.
 
     ``width`` is the predictor width C, ``hidden`` ``ModelConfig.inverse_head``, ``action_in``
-    the action block size A·b (env actions in [-1, 1], b of them concatenated).
+    the action block size A·b (env actions in [-1, 1], b of them concatenated). The predictor
+    that owns it initialises its weights with its own convention.
     """
 
     def __init__(self, width: int, hidden: int, action_in: int):
@@ -32,10 +33,6 @@ class InverseDynamicsHead(nn.Module):
         if hidden < 1:
             raise ValueError(f"the inverse-dynamics head needs hidden >= 1, got {hidden}")
         self.net = nn.Sequential(nn.Linear(2 * width, hidden), nn.GELU(), nn.Linear(hidden, action_in))
-        for m in self.net:
-            if isinstance(m, nn.Linear):  # the predictor's convention: small weights, zero bias
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                nn.init.zeros_(m.bias)
 
     def forward(self, h_t: torch.Tensor, h_next: torch.Tensor) -> torch.Tensor:
         """Features h_t, h_next (..., C) -> estimated action blocks (..., A·b).

@@ -48,18 +48,11 @@ class LossTerms:
     def as_floats(self) -> dict[str, float]:
         """Python floats for logging: {"loss", "pred", "sigreg", "anchor"} (+ "straight", "rollout",
         "inverse" when their terms are on)."""
-        out = {
-            "loss": float(self.total.detach()),
-            "pred": float(self.pred),
-            "sigreg": float(self.sigreg),
-            "anchor": float(self.anchor),
-        }
-        if self.straight is not None:
-            out["straight"] = float(self.straight)
-        if self.rollout is not None:
-            out["rollout"] = float(self.rollout)
-        if self.inverse is not None:
-            out["inverse"] = float(self.inverse)
+        out = {"loss": float(self.total.detach())}
+        for term in LOSS_TERMS:
+            value = getattr(self, term)
+            if value is not None:
+                out[term] = float(value)
         return out
 
 
@@ -164,7 +157,7 @@ class JEPAObjective:
         if cfg.lambda_inverse > 0:
             # Not detached: the gradient reaches the encoder, which is the point of the lever
             # (latents must keep what the action changed).
-            est = model.predictor.infer_actions(z[:, :-1], z[:, 1:])
+            est = model.predictor.infer_actions(z)
             inv = F.mse_loss(est.float(), actions.float())
             total = total + cfg.lambda_inverse * inv
             inv = inv.detach()

@@ -152,9 +152,10 @@ class Predictor(nn.Module):
         self._init_weights()
         # Built after every other parameter is initialised, so its RNG draws come last and a model
         # with the head starts exactly like one without it: the lever changes nothing else.
-        self.inverse = (
-            InverseDynamicsHead(width, cfg.inverse_head, self.action_in) if cfg.inverse_head > 0 else None
-        )
+        self.inverse = None
+        if cfg.inverse_head > 0:
+            self.inverse = InverseDynamicsHead(width, cfg.inverse_head, self.action_in)
+            self._init_linears(self.inverse)
 
     @property
     def context(self) -> int:
@@ -163,13 +164,17 @@ class Predictor(nn.Module):
             return len(self.blocks) * (self.history - 1) + 1
         return self.history
 
-    def _init_weights(self) -> None:
+    @staticmethod
+    def _init_linears(module: nn.Module) -> None:
         # Small truncated-normal init (ViT convention) keeps the initial residual update small,
         # i.e. the untrained predictor starts close to the copy baseline z_{t+1} ≈ z_t.
-        for m in self.modules():
+        for m in module.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
                 nn.init.zeros_(m.bias)
+
+    def _init_weights(self) -> None:
+        self._init_linears(self)
         if self.attention == "window":
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
 
@@ -230,16 +235,20 @@ class Predictor(nn.Module):
         rest = self._trunk(win, last_only=True).reshape(b, t - w, -1)
         return z + torch.cat([first, rest], dim=1)
 
-    def infer_actions(self, z_t: torch.Tensor, z_next: torch.Tensor) -> torch.Tensor:
-        """Inverse dynamics: latents z_t, z_next (..., d) -> estimated action blocks (..., A*b).
+    def infer_actions(self, z: torch.Tensor) -> torch.Tensor:
+        """Inverse dynamics on latent trajectories: z (..., T, d) -> estimated action blocks
+        (..., T−1, A*b), entry t for the step from z_t to z_{t+1}.
 
-        Needs the head (``ModelConfig.inverse_head > 0``). Reads z only through ``in_proj``, so
-        it is unchanged by :func:`~lensemble.model.world_model.rotate_latent_basis_`."""
+        Needs the head (``ModelConfig.inverse_head > 0``). ``in_proj`` runs once per latent (each
+        inner latent is the end of one step and the start of the next). z enters only through
+        ``in_proj``, so the estimate is unchanged by
+        :func:`~lensemble.model.world_model.rotate_latent_basis_`."""
         if self.inverse is None:
             raise ValueError("this predictor has no inverse-dynamics head (model.inverse_head = 0)")
-        if z_t.shape[-1] != self.latent_dim or z_t.shape != z_next.shape:
-            raise ValueError(f"z_t {tuple(z_t.shape)} and z_next {tuple(z_next.shape)} must both be (..., {self.latent_dim})")
-        return self.inverse(self.in_proj(z_t), self.in_proj(z_next))
+        if z.ndim < 2 or z.shape[-2] < 2 or z.shape[-1] != self.latent_dim:
+            raise ValueError(f"z must be (..., T >= 2, {self.latent_dim}), got {tuple(z.shape)}")
+        h = self.in_proj(z)
+        return self.inverse(h[..., :-1, :], h[..., 1:, :])
 
     def prepare(self, z_hist: torch.Tensor, past_actions: torch.Tensor | None = None) -> RolloutState:
         """Digest an observed history once, for any number of :meth:`rollout_from` calls.

@@ -365,17 +365,28 @@ def core_hash(registry: dict) -> str:
     return json_digest(body, compact=False, default=str)  # pinned: the committed registries carry it
 
 
-def _diff(old, new, path="") -> list[dict]:
+def diff_paths(old, new, path: str = "", *, into_lists: bool = False) -> list[dict]:
+    """{"path", "old", "new"} for each value that differs, descending into dicts (the top level's
+    volatile keys skipped). With ``into_lists`` it descends into lists too: a list of records with
+    a unique ``id`` each is matched by id (``claims[C1].title``), other lists of the same length by
+    index; otherwise a changed list is one change (how amendments are recorded)."""
+    def at(key) -> str:
+        return f"{path}.{key}" if path else str(key)
+
     if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for k in sorted(set(old) | set(new), key=str):
-            if k in _VOLATILE and not path:
-                continue
-            out += _diff(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))
-        return out
-    if old != new:
-        return [{"path": path, "old": old, "new": new}]
-    return []
+        return [c for k in sorted(set(old) | set(new), key=str) if not (k in _VOLATILE and not path)
+                for c in diff_paths(old.get(k), new.get(k), at(k), into_lists=into_lists)]
+    if into_lists and isinstance(old, list) and isinstance(new, list):
+        ids_old = [x.get("id") if isinstance(x, dict) else None for x in old]
+        ids_new = [x.get("id") if isinstance(x, dict) else None for x in new]
+        if None not in ids_old + ids_new and len(set(ids_old)) == len(old) and len(set(ids_new)) == len(new):
+            by_old, by_new = dict(zip(ids_old, old, strict=True)), dict(zip(ids_new, new, strict=True))
+            return [c for i in dict.fromkeys(ids_old + ids_new)
+                    for c in diff_paths(by_old.get(i), by_new.get(i), f"{path}[{i}]", into_lists=True)]
+        if len(old) == len(new):
+            return [c for i, (a, b) in enumerate(zip(old, new, strict=True))
+                    for c in diff_paths(a, b, f"{path}[{i}]", into_lists=True)]
+    return [] if old == new else [{"path": path, "old": old, "new": new}]
 
 
 def registry_path(study_dir: str | Path) -> Path:
@@ -409,7 +420,7 @@ def sync_registry(study_dir: str | Path, registry: dict, *, runs_done: int, amen
     old = yaml.safe_load(path.read_text()) or {}
     if core_hash(old) == new_hash:
         return old
-    changes = _diff({k: v for k, v in old.items() if k not in _VOLATILE}, registry)
+    changes = diff_paths({k: v for k, v in old.items() if k not in _VOLATILE}, registry)
     if runs_done == 0:
         stored = {**registry, "registered_at": now(), "registry_hash": new_hash,
                   "amendments": old.get("amendments", []),
@@ -431,4 +442,4 @@ def sync_registry(study_dir: str | Path, registry: dict, *, runs_done: int, amen
     return stored
 
 
-__all__ = ["build_registry", "sync_registry"]
+__all__ = ["build_registry", "diff_paths", "sync_registry"]

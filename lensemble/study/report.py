@@ -26,7 +26,7 @@ from lensemble.observability.progress import format_bytes
 from lensemble.study.analysis import analyze
 from lensemble.study.files import atomic_write
 from lensemble.study.plan import LADDER
-from lensemble.study.registry import load_registry
+from lensemble.study.registry import diff_paths, load_registry
 from lensemble.study.spec import ALL_ARMS, FEDERATED_ARMS
 from lensemble.study.tables import achieved_precision, communication_rows, paired_vs_ladder
 
@@ -124,26 +124,6 @@ def _privacy_cost(group: dict) -> list[str]:
     return ["", *out] if out else []
 
 
-def _leaf_changes(old, new, path: str) -> list[tuple[str, object, object]]:
-    """(path, old, new) for each leaf that differs, descending into dicts and into lists of the
-    same length; a list of records with an ``id`` each is matched by id (``claims[C1]``), so an
-    amendment that edits one field of one claim shows that field, not the whole claims list."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [c for k in sorted(set(old) | set(new), key=str)
-                for c in _leaf_changes(old.get(k), new.get(k), f"{path}.{k}")]
-    if isinstance(old, list) and isinstance(new, list):
-        ids_old = [x.get("id") for x in old if isinstance(x, dict)]
-        ids_new = [x.get("id") for x in new if isinstance(x, dict)]
-        if len(ids_old) == len(old) and len(ids_new) == len(new) and None not in ids_old + ids_new \
-                and len(set(ids_old)) == len(old) and len(set(ids_new)) == len(new):
-            by_old, by_new = dict(zip(ids_old, old, strict=True)), dict(zip(ids_new, new, strict=True))
-            return [c for i in dict.fromkeys(ids_old + ids_new)
-                    for c in _leaf_changes(by_old.get(i), by_new.get(i), f"{path}[{i}]")]
-        if len(old) == len(new):
-            return [c for i, (a, b) in enumerate(zip(old, new, strict=True)) for c in _leaf_changes(a, b, f"{path}[{i}]")]
-    return [] if old == new else [(path, old, new)]
-
-
 def _short(value, limit: int = 90) -> str:
     text = _esc(value if isinstance(value, str) else json.dumps(value, default=str))
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -151,8 +131,8 @@ def _short(value, limit: int = 90) -> str:
 
 def _amendment_changes(changes: list[dict], shown: int = 8) -> str:
     """The registry paths an amendment changed, leaf by leaf, each value cut to a readable length."""
-    leaves = [leaf for c in changes for leaf in _leaf_changes(c.get("old"), c.get("new"), c["path"])]
-    text = "; ".join(f"`{p}`: {_short(a)} → {_short(b)}" for p, a, b in leaves[:shown])
+    leaves = [leaf for c in changes for leaf in diff_paths(c.get("old"), c.get("new"), c["path"], into_lists=True)]
+    text = "; ".join(f"`{x['path']}`: {_short(x['old'])} → {_short(x['new'])}" for x in leaves[:shown])
     return text + (f"; … {len(leaves) - shown} more" if len(leaves) > shown else "")
 
 

@@ -29,7 +29,7 @@ def test_defaults_build_no_head_and_leave_the_config_hash_alone():
     assert "inverse_head" not in ModelConfig().model_dump(mode="json")
     assert "lambda_inverse" not in ObjectiveConfig().model_dump(mode="json")
     with pytest.raises(ValueError, match="no inverse-dynamics head"):
-        build_world_model(tiny_cfg(), init_seed=0).predictor.infer_actions(torch.zeros(2, D), torch.zeros(2, D))
+        build_world_model(tiny_cfg(), init_seed=0).predictor.infer_actions(torch.zeros(2, 3, D))
 
 
 def test_the_term_needs_the_head():
@@ -55,14 +55,15 @@ def test_head_is_invariant_under_the_latent_basis_change_and_not_under_a_bare_ro
         for p in model.predictor.parameters():
             p.normal_(0, 0.5)
     g = torch.Generator().manual_seed(1)
-    z, z1 = torch.randn(5, D, generator=g), torch.randn(5, D, generator=g)
-    before = model.predictor.infer_actions(z, z1)
+    z = torch.randn(5, 3, D, generator=g)  # 5 trajectories of 3 latents: 2 steps each
+    before = model.predictor.infer_actions(z)
+    assert before.shape == (5, 2, 4)
     q = random_orthogonal(D, seed=4)
     # Adversarial: rotating the latents without the model's reparametrisation must change the output.
     with torch.no_grad():
-        assert float((model.predictor.infer_actions(z @ q, z1 @ q) - before).abs().max()) > 1e-2
+        assert float((model.predictor.infer_actions(z @ q) - before).abs().max()) > 1e-2
     rotate_latent_basis_(model, q)
-    torch.testing.assert_close(model.predictor.infer_actions(z @ q, z1 @ q), before, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model.predictor.infer_actions(z @ q), before, atol=1e-5, rtol=1e-5)
 
 
 def test_objective_term_is_the_action_mse_and_trains_the_encoder():
@@ -74,13 +75,13 @@ def test_objective_term_is_the_action_mse_and_trains_the_encoder():
     assert "inverse" not in plain.as_floats() and "inverse" in terms.as_floats()
     with torch.no_grad():
         z = model.encoder.encode_frames(obs)
-        want = torch.nn.functional.mse_loss(model.predictor.infer_actions(z[:, :-1], z[:, 1:]), act)
+        want = torch.nn.functional.mse_loss(model.predictor.infer_actions(z), act)
     torch.testing.assert_close(terms.inverse, want)
     torch.testing.assert_close(terms.total, plain.total + 0.5 * terms.inverse)
     model.zero_grad()
     # Only the inverse term's gradient: the encoder's projector must receive some.
     z = model.encoder.encode_frames(obs)
-    torch.nn.functional.mse_loss(model.predictor.infer_actions(z[:, :-1], z[:, 1:]), act).backward()
+    torch.nn.functional.mse_loss(model.predictor.infer_actions(z), act).backward()
     enc_grad = sum(float(p.grad.abs().sum()) for p in model.encoder.parameters() if p.grad is not None)
     head_grad = sum(float(p.grad.abs().sum()) for p in model.predictor.inverse.parameters())
     assert enc_grad > 0 and head_grad > 0
@@ -94,11 +95,11 @@ def _held_out_mse(train, test, steps=400, seed=0):
     z, z1, a = train
     for _ in range(steps):
         opt.zero_grad()
-        torch.nn.functional.mse_loss(pred.infer_actions(z, z1), a).backward()
+        torch.nn.functional.mse_loss(pred.infer_actions(torch.stack([z, z1], dim=-2))[..., 0, :], a).backward()
         opt.step()
     z, z1, a = test
     with torch.no_grad():
-        return float(torch.nn.functional.mse_loss(pred.infer_actions(z, z1), a))
+        return float(torch.nn.functional.mse_loss(pred.infer_actions(torch.stack([z, z1], dim=-2))[..., 0, :], a))
 
 
 def _transitions(n, m, g):

@@ -90,15 +90,20 @@ def test_episode_owners_follow_the_heldout_cycle_and_the_silos_homes():
 
 
 def test_amendment_changes_name_the_leaf_that_changed():
-    from lensemble.study.report import _amendment_changes, _leaf_changes
+    from lensemble.study.registry import diff_paths
+    from lensemble.study.report import _amendment_changes
 
     old = [{"id": "C1", "delta": 10.0, "parts": [{"id": "a", "metric": "drift"}]}, {"id": "C2", "delta": 5.0}]
     new = [{"id": "C2", "delta": 5.0}, {"id": "C1", "delta": 10.0, "parts": [{"id": "a", "metric": "drift_sub"}]}]
     # Matched by id: the reordering is no change, the one edited field is the only leaf.
-    assert _leaf_changes(old, new, "claims") == [("claims[C1].parts[a].metric", "drift", "drift_sub")]
+    assert diff_paths(old, new, "claims", into_lists=True) == [
+        {"path": "claims[C1].parts[a].metric", "old": "drift", "new": "drift_sub"}]
+    # As recorded in the registry (lists not descended), the same edit is one change of the list.
+    assert diff_paths({"claims": old}, {"claims": new}) == [{"path": "claims", "old": old, "new": new}]
     # Lists of other lengths are one change; dicts descend; a missing key reads as None.
-    assert _leaf_changes({"s": [0, 1, 2]}, {"s": [0, 1]}, "d") == [("d.s", [0, 1, 2], [0, 1])]
-    assert _leaf_changes({"a": 1}, {"a": 1, "b": 2}, "x") == [("x.b", None, 2)]
+    assert diff_paths({"s": [0, 1, 2]}, {"s": [0, 1]}, "d", into_lists=True) == [
+        {"path": "d.s", "old": [0, 1, 2], "new": [0, 1]}]
+    assert diff_paths({"a": 1}, {"a": 1, "b": 2}, "x") == [{"path": "x.b", "old": None, "new": 2}]
     text = _amendment_changes([{"path": "claims", "old": old, "new": new}, {"path": "note", "old": "x" * 200, "new": "y"}])
     assert text.startswith("`claims[C1].parts[a].metric`: drift → drift_sub; `note`: ")
     assert "…" in text and len(text) < 300
