@@ -25,6 +25,8 @@ Variants (at one seed all start from the same initial weights and see the same b
     g  d + data.episodes_per_silo=200 (5x the training trajectories, same steps)
     h  d + objective.lambda_rollout=1.0 (multi-step open-loop rollout loss)
     i  h + data.episodes_per_silo=200 (both)
+    j  h + model.inverse_head=256 objective.lambda_inverse=1.0 (inverse-dynamics head)
+    k  h + model.backbone=cnn (the residual CNN encoder, lensemble/model/cnn.py)
 
 Seed s > 0 trains with ``root_seed=s`` (its own data collection, initial weights and batches)
 under ``<out>/<variant>-s<s>``; seed 0 under ``<out>/<variant>``. The commands behind
@@ -117,6 +119,10 @@ VARIANTS = {
     # PLDM weights it 1.07): the latents must keep what each action changed
     "j": ["model.input_norm=global", "model.projector_norm=batchnorm", "objective.lambda_rollout=1.0",
           "model.inverse_head=256", "objective.lambda_inverse=1.0"],
+    # h with the residual CNN encoder (shared/notes/planning-levers.md: EB-JEPA's IMPALA CNN at 64 px),
+    # its last grid flattened so where the agent and block sit reaches the latent
+    "k": ["model.input_norm=global", "model.projector_norm=batchnorm", "objective.lambda_rollout=1.0",
+          "model.backbone=cnn"],
 }
 #: Planner energies an arm can be scored with (eval overrides; docs/evaluation.md "Planner energy").
 COSTS = {

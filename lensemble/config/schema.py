@@ -47,7 +47,7 @@ def _omit_defaults(dump: dict, added: dict) -> dict:
 
 #: Fields added to a section after hashes had been taken of its dump, with their defaults.
 _MODEL_ADDED_DEFAULTS = {"predictor_attention": "window", "input_norm": "pixel", "projector_norm": "layernorm",
-                         "inverse_head": 0}
+                         "inverse_head": 0, "backbone": "vit", "cnn_channels": [8, 16, 32]}
 _TRAIN_ADDED_DEFAULTS = {"bn_recalibration_batches": 40}
 _OBJECTIVE_ADDED_DEFAULTS = {"lambda_straight": 0.0, "lambda_rollout": 0.0, "lambda_inverse": 0.0}
 _EVAL_ADDED_DEFAULTS = {"goal_source": "expert", "cost": "l1", "reach_source": "public", "reach_aggregate": "final",
@@ -58,13 +58,22 @@ _FEDERATION_ADDED_DEFAULTS = {"bn_recalibration": "probe", "secure_aggregation":
 
 
 class ModelConfig(_Section):
-    """Encoder (timm ViT) and predictor sizes. Latents are ``latent_dim``-dimensional."""
+    """Encoder (timm ViT or a small CNN) and predictor sizes. Latents are ``latent_dim``-dimensional."""
 
     img_size: int = Field(64, ge=16, description="square input resolution in pixels")
-    patch_size: int = Field(16, ge=2)
-    embed_dim: int = Field(128, ge=16, description="ViT width")
-    depth: int = Field(3, ge=1, description="ViT blocks")
-    num_heads: int = Field(4, ge=1)
+    backbone: Literal["vit", "cnn"] = Field(
+        "vit",
+        description="vit: timm ViT pooled on its CLS token; cnn: IMPALA residual CNN whose last grid is "
+        "flattened, not pooled (EB-JEPA's encoder at 64 px; docs/model.md)",
+    )
+    patch_size: int = Field(16, ge=2, description="ViT patch side in pixels (backbone=vit)")
+    embed_dim: int = Field(128, ge=16, description="backbone feature width: the ViT's, or the CNN's last linear layer")
+    depth: int = Field(3, ge=1, description="ViT blocks (backbone=vit)")
+    num_heads: int = Field(4, ge=1, description="ViT heads (backbone=vit)")
+    cnn_channels: list[int] = Field(
+        # IMPALA's (16, 32, 32) narrowed where the grid is largest: 3.4x less CPU per step (lensemble/model/cnn.py)
+        default_factory=lambda: [8, 16, 32], min_length=1, description="width of each stride-2 CNN stage (backbone=cnn)",
+    )
     latent_dim: int = Field(64, ge=2, description="d: dimension of one latent per frame")
     projector_hidden: int = Field(512, ge=8)
     predictor_width: int = Field(256, ge=8)
@@ -101,9 +110,11 @@ class ModelConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self):
-        if self.img_size % self.patch_size:
+        if self.backbone == "vit" and self.img_size % self.patch_size:
             raise ValueError(f"img_size {self.img_size} is not a multiple of patch_size {self.patch_size}")
-        if self.embed_dim % self.num_heads:
+        if self.backbone == "cnn" and min(self.cnn_channels) < 1:
+            raise ValueError(f"model.cnn_channels must be positive widths, got {list(self.cnn_channels)}")
+        if self.backbone == "vit" and self.embed_dim % self.num_heads:
             raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
         if self.predictor_width % self.predictor_heads:
             raise ValueError("predictor_width must be divisible by predictor_heads")

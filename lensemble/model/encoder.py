@@ -2,8 +2,10 @@
 
 Layout (state-dict prefixes in brackets, relative to the encoder):
 
-1. ``vit``: a timm ``VisionTransformer`` trained from scratch (no pretrained weights), pooled on its
-   CLS token, ``num_classes=0`` so it returns the (B, embed_dim) pooled feature.
+1. The backbone, ``model.backbone``, trained from scratch (no pretrained weights), returning one
+   (B, embed_dim) feature per frame: ``vit`` (default), a timm ``VisionTransformer`` pooled on its
+   CLS token (``num_classes=0``); or ``cnn``, the residual CNN of :mod:`lensemble.model.cnn`
+   whose last grid is flattened, so where things sit in the frame survives into the feature.
 2. ``projector``: Linear(embed_dim, projector_hidden) - norm - GELU - Linear(-> d), where the norm
    is ``model.projector_norm``: ``layernorm`` (default) or ``batchnorm`` (BatchNorm1d, as LeWM
    puts after the CLS token). BatchNorm running statistics lag the weights on near-identical
@@ -32,10 +34,11 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from lensemble.config.schema import ModelConfig
+from lensemble.model.cnn import ImpalaCNN
 
 
 class Encoder(nn.Module):
-    """ViT + projector + identity-initialised ``frame`` layer.
+    """Backbone (ViT or CNN) + projector + identity-initialised ``frame`` layer.
 
     ``forward(x)``: x is uint8 (B, 3, H, W) in [0, 255] or floating (B, 3, H, W) in [0, 1];
     returns z float32 (B, d) with d = ``model_cfg.latent_dim``. Frames whose H, W differ from
@@ -47,17 +50,22 @@ class Encoder(nn.Module):
         super().__init__()
         self.img_size = cfg.img_size
         self.latent_dim = cfg.latent_dim
-        self.vit = VisionTransformer(
-            img_size=cfg.img_size,
-            patch_size=cfg.patch_size,
-            in_chans=3,
-            num_classes=0,
-            global_pool="token",
-            embed_dim=cfg.embed_dim,
-            depth=cfg.depth,
-            num_heads=cfg.num_heads,
-            class_token=True,
-        )
+        if cfg.backbone == "cnn":
+            self.cnn = ImpalaCNN(cfg.img_size, cfg.cnn_channels, cfg.embed_dim)
+        else:
+            # the attribute names the state-dict prefix ("vit."), which every ViT checkpoint uses
+            self.vit = VisionTransformer(
+                img_size=cfg.img_size,
+                patch_size=cfg.patch_size,
+                in_chans=3,
+                num_classes=0,
+                global_pool="token",
+                embed_dim=cfg.embed_dim,
+                depth=cfg.depth,
+                num_heads=cfg.num_heads,
+                class_token=True,
+            )
+        self.backbone_kind = cfg.backbone
         norm = (nn.BatchNorm1d(cfg.projector_hidden) if cfg.projector_norm == "batchnorm"
                 else nn.LayerNorm(cfg.projector_hidden))
         self.projector = nn.Sequential(
@@ -127,7 +135,8 @@ class Encoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Frames (B, 3, H, W) -> latents (B, d)."""
-        feat = self.vit(self.preprocess(x))  # (B, embed_dim): CLS token after the final norm
+        backbone = self.cnn if self.backbone_kind == "cnn" else self.vit
+        feat = backbone(self.preprocess(x))  # (B, embed_dim): the ViT's CLS token after its final norm, or the CNN's
         return self.frame(self.projector(feat))
 
     def batchnorm_layers(self) -> list[nn.modules.batchnorm._BatchNorm]:
