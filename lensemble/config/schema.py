@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 from pydantic_core import to_jsonable_python
 
 from lensemble.config.hashing import json_digest
@@ -40,14 +40,19 @@ def _omit_cpu_device(out: dict) -> dict:
 def _omit_defaults(dump: dict, added: dict) -> dict:
     """``dump`` without the fields of ``added`` that sit at their (added-later) default value."""
     for key, default in added.items():
-        if key in dump and dump[key] == default:
+        # a tuple field dumps as a tuple (python mode) or a list (json mode): both are the default
+        if key in dump and _as_list(dump[key]) == _as_list(default):
             dump.pop(key)
     return dump
 
 
+def _as_list(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
 #: Fields added to a section after hashes had been taken of its dump, with their defaults.
 _MODEL_ADDED_DEFAULTS = {"predictor_attention": "window", "input_norm": "pixel", "projector_norm": "layernorm",
-                         "inverse_head": 0, "backbone": "vit", "cnn_channels": [8, 16, 32]}
+                         "inverse_head": 0, "backbone": "vit", "cnn_channels": (8, 16, 32)}
 _TRAIN_ADDED_DEFAULTS = {"bn_recalibration_batches": 40}
 _OBJECTIVE_ADDED_DEFAULTS = {"lambda_straight": 0.0, "lambda_rollout": 0.0, "lambda_inverse": 0.0}
 _EVAL_ADDED_DEFAULTS = {"goal_source": "expert", "cost": "l1", "reach_source": "public", "reach_aggregate": "final",
@@ -70,9 +75,9 @@ class ModelConfig(_Section):
     embed_dim: int = Field(128, ge=16, description="backbone feature width: the ViT's, or the CNN's last linear layer")
     depth: int = Field(3, ge=1, description="ViT blocks (backbone=vit)")
     num_heads: int = Field(4, ge=1, description="ViT heads (backbone=vit)")
-    cnn_channels: list[int] = Field(
+    cnn_channels: tuple[int, ...] = Field(
         # IMPALA's (16, 32, 32) narrowed where the grid is largest: 3.4x less CPU per step (lensemble/model/cnn.py)
-        default_factory=lambda: [8, 16, 32], min_length=1, description="width of each stride-2 CNN stage (backbone=cnn)",
+        (8, 16, 32), min_length=1, description="width of each stride-2 CNN stage (backbone=cnn)",
     )
     latent_dim: int = Field(64, ge=2, description="d: dimension of one latent per frame")
     projector_hidden: int = Field(512, ge=8)
@@ -107,6 +112,12 @@ class ModelConfig(_Section):
     action_block: int = Field(5, ge=1, description="env steps per latent step (frameskip)")
     action_embed_dim: int = Field(64, ge=4)
     encoder_frozen: bool = Field(False, description="Fork A: never train the encoder")
+
+    @field_validator("cnn_channels", mode="before")
+    @classmethod
+    def _channels_as_tuple(cls, value):
+        # Hydra and YAML give a list; a tuple keeps the frozen config hashable (lru_cache keys)
+        return tuple(value) if isinstance(value, list) else value
 
     @model_validator(mode="after")
     def _check(self):
