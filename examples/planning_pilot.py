@@ -4,7 +4,7 @@ For each variant and training seed it trains one centralized (pooled) model for 
 optimizer steps, then scores every arm on the SAME ``--episodes`` held-out tasks (root seed 0's
 data and eval seed, so one goal-spec hash for every arm, whatever seed trained it), beside the
 floors on those tasks: random actions, an untrained model with the same planner (variant a's
-architecture, init seed 123) and, with ``--oracle`` on TwoRoom, the same planner on the true
+architecture, init seed 123; with ``--untrained-like V`` also one of variant V's) and, with ``--oracle`` on TwoRoom, the same planner on the true
 dynamics. Every arm is scored by :func:`lensemble.eval.evaluate`. Reported per arm: successes with
 a Wilson interval, route-valid successes (TwoRoom: every step entered the wall only through a
 door), success on tasks whose goal lies across the wall, the ladder's one-step / copy error,
@@ -463,6 +463,9 @@ def main() -> None:
     ap.add_argument("--oracle", action="store_true", help="also score the true-simulator oracle")
     ap.add_argument("--costs", default="l1",
                     help=f"planner energies to score every trained arm with, comma-separated, of {sorted(COSTS)}")
+    ap.add_argument("--untrained-like", default=None, choices=sorted(VARIANTS), metavar="VARIANT",
+                    help="also score an untrained model of this variant's architecture (init seed 123): the "
+                    "floor for a variant whose encoder is not variant a's (k's CNN)")
     ap.add_argument("--stage", choices=("all", "train", "eval"), default="all")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
@@ -510,6 +513,16 @@ def main() -> None:
     # name -> (checkpoint, policy, cache key, config); the floors' keys are the first pilot's.
     runs = {"random actions": (untrained_dir, "random", "random-actions", cfg),
             "untrained model, CEM": (untrained_dir, "mpc", "untrained-model-CEM", cfg)}
+    floors = ["random actions", "untrained model, CEM"]
+    if args.untrained_like and args.untrained_like != "a":
+        like = args.untrained_like
+        like_dir = out / f"untrained-{like}"
+        if not (like_dir / "header.json").exists():
+            like_cfg = load_config([*args.overrides, *VARIANTS[like]]).model
+            save_checkpoint(like_dir, build_world_model(like_cfg, init_seed=123).state_dict(),
+                            kind="world_model", architecture=architecture(like_cfg))
+        floors.append(f"untrained model ({like}), CEM")
+        runs[floors[-1]] = (like_dir, "mpc", f"untrained-{like}-model-CEM", cfg)
     if args.oracle:  # TwoRoom's batched closed-form step, PushT's pymunk shadows (lensemble.eval.pusht_sim)
         runs["oracle (true dynamics), CEM"] = (untrained_dir, "oracle", "oracle-(true-dynamics)-CEM", cfg)
     cost_cfgs = {c: load_config([f"run_dir={out}", *args.overrides, *protocol, *COSTS[c]]) for c in costs}
@@ -576,7 +589,7 @@ def main() -> None:
         for row, p in zip(paired, adj.adjusted, strict=True):
             row["p_holm"] = float(p)
     for a in [n for n in arms if n.startswith("(")]:  # every trained arm against the floors
-        for floor in ("random actions", "untrained model, CEM"):
+        for floor in floors:
             paired.append({"a": a, "b": floor, **mcnemar(arms[a]["success"], arms[floor]["success"])})
 
     result = {"steps": args.steps, "episodes": args.episodes, "protocol": args.protocol, "goal_spec_hash": gsh,
