@@ -84,7 +84,7 @@ class ModelConfig(_Section):
     depth: int = Field(3, ge=1, description="ViT blocks (backbone=vit)")
     num_heads: int = Field(4, ge=1, description="ViT heads (backbone=vit)")
     cnn_channels: tuple[int, ...] = Field(
-        # IMPALA's (16, 32, 32) narrowed where the grid is largest: 3.4x less CPU per step (lensemble/model/cnn.py)
+        # IMPALA's (16, 32, 32) narrowed where the grid is largest: 2.2x less CPU (lensemble/model/cnn.py)
         (8, 16, 32), min_length=1, description="width of each stride-2 CNN stage (backbone=cnn)",
     )
     latent_dim: int = Field(64, ge=2, description="d: dimension of one latent per frame")

@@ -4,8 +4,9 @@ The IMPALA layout (Espeholt et al. 2018) that EB-JEPA's action-conditioned JEPA 
 (shared/notes/planning-levers.md): per stage, a 3x3 convolution to the stage's width, a 3x3 max
 pool of stride 2, then two residual blocks (ReLU-conv-ReLU-conv + skip). Three stages take a
 64 px frame to an 8x8 grid. The default widths (8, 16, 32) narrow IMPALA's (16, 32, 32) in the
-two full-resolution stages, where the convolutions cost most: 0.48 s against 1.6 s per
-forward-backward of 256 frames on one thread (the ViT preset: 0.63 s). The grid is **flattened, not pooled**: where the agent and the block
+two full-resolution stages, where the convolutions cost most: a forward-backward of 256 frames
+takes 2.2x less CPU than at IMPALA's widths and 1.16x the preset ViT's
+(``benchmarks/bench_encoder_backbone.py``). The grid is **flattened, not pooled**: where the agent and the block
 sit is the quantity the planner's cost must see, and a global average would discard it (the ViT
 pools on its CLS token instead). A ReLU and a linear layer then map the flattened grid to
 ``embed_dim`` features, which the encoder's projector takes as it takes the ViT's CLS feature.
@@ -72,7 +73,8 @@ class ImpalaCNN(nn.Module):
         self.fc = nn.Linear(widths[-1] * side * side, out_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # channels-last activations: 2.7x less CPU per training step of 256 frames at 64 px than
-        # NCHW (one thread). The weights stay contiguous, so the state dict is ordinary.
+        # channels-last activations: 1.3x less CPU per forward-backward of 256 frames at 64 px than
+        # NCHW (benchmarks/bench_encoder_backbone.py). The weights stay contiguous, so the state
+        # dict is ordinary.
         grid = torch.relu(self.stages(x.contiguous(memory_format=torch.channels_last)))  # (B, c_last, g, g)
         return torch.relu(self.fc(grid.flatten(1)))
