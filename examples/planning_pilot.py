@@ -424,6 +424,18 @@ def write_report(out: Path, result: dict) -> None:
             f"| {fmt(rob.get('resize_ratio_median'), '.2f')} | {fmt(rob.get('brightness_ratio_median'), '.2f')} "
             f"| {fmt(leak, '.0%')} | {fmt(door, '.0%')} "
             f"| {fmt(arm.get('time_per_action_ms'), '.1f')} | {arm.get('train_cpu_seconds', '–')} | {arm.get('eval_cpu_seconds', '–')} |")
+    probed = {name: arm["ladder"]["probe_r2_per_dim"] for name, arm in result["arms"].items()
+              if (arm.get("ladder") or {}).get("probe_r2_per_dim")}
+    if probed:
+        dims = list(next(iter(probed.values())))
+        pca = result["pixel_pca_probe"].get("per_dim") or []
+        lines += ["", "Linear probe R² per state dimension on held-out frames (what the latents carry of each; "
+                  "the same probe on the pixel PCA for scale):", "",
+                  "| arm | " + " | ".join(dims) + " |", "|---|" + "---|" * len(dims)]
+        if len(pca) == len(dims):
+            lines.append(f"| pixel PCA ({PCA_COMPONENTS} components) | " + " | ".join(fmt(x) for x in pca) + " |")
+        for name, per in probed.items():
+            lines.append(f"| {name} | " + " | ".join(fmt(per.get(d)) for d in dims) + " |")
     if result.get("pooled"):
         lines += ["", "Per variant over training seeds (each seed on the same tasks; the pooled interval treats "
                   "every seed x task as independent, so it is optimistic when seeds differ):", "",
@@ -569,8 +581,9 @@ def main() -> None:
                "cross_wall_rate": [int(sum(s for s, c in zip(loop["success"], cross, strict=True) if c)), int(sum(cross))]}
         if loop.get("planning_cost"):
             arm["planning_cost"] = loop["planning_cost"]
-        if policy == "mpc" and key in trained:
+        if policy == "mpc":  # an untrained floor's ladder too: what its latents carry before training
             arm["ladder"] = cached(f"ladder-{key}", lambda c=ckpt: ladder(c, cfg))
+        if policy == "mpc" and key in trained:
             if tworoom:
                 arm["wall"] = cached(f"wall-v2-{key}", lambda c=ckpt: wall_probe(c, cfg))
             if pairs is not None:

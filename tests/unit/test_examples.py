@@ -175,3 +175,21 @@ def test_seed_spread_refuses_pilots_on_different_tasks(tmp_path):
             {"settings": {"overrides": [f"root_seed={i}"]}, "candidates": {"agent.region": cand}}))
     with pytest.raises(SystemExit, match="different tasks"):
         mod.main([str(tmp_path / "p0"), str(tmp_path / "p1")])
+
+
+def test_planning_pilot_report_shows_what_the_latents_carry_per_state_dimension(tmp_path):
+    planning_pilot = _example("planning_pilot")
+    rate = {"successes": 1, "n": 50, "rate": 0.02, "wilson_95": [0.0, 0.1]}
+    dims = {"agent_x": 0.04, "agent_y": 0.18, "block_x": 0.75, "block_y": 0.68}
+    arms = {"random actions": {"rate": rate, "route_valid_rate": rate, "cross_wall_rate": [0, 0]},
+            "(k) cnn": {"rate": rate, "route_valid_rate": rate, "cross_wall_rate": [0, 0],
+                        "ladder": {"probe_r2": 0.41, "probe_r2_per_dim": dims}}}
+    result = {"protocol": "strict", "steps": 2000, "episodes": 50, "goal_spec_hash": "30295110822d" * 2,
+              "cross_wall_tasks": 0, "pixel_pca_probe": {"probe_r2": 0.55, "per_dim": [0.19, 0.24, 0.87, 0.92]},
+              "arms": arms, "pooled": [], "paired": []}
+    planning_pilot.write_report(tmp_path, result)
+    text = (tmp_path / "pilot.md").read_text()
+    assert "| arm | agent_x | agent_y | block_x | block_y |" in text
+    assert "| pixel PCA (64 components) | 0.190 | 0.240 | 0.870 | 0.920 |" in text
+    assert "| (k) cnn | 0.040 | 0.180 | 0.750 | 0.680 |" in text
+    assert "| random actions | 0.040" not in text  # an arm without latents has no probe row
