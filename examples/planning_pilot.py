@@ -125,7 +125,7 @@ VARIANTS = {
     "k": ["model.input_norm=global", "model.projector_norm=batchnorm", "objective.lambda_rollout=1.0",
           "model.backbone=cnn"],
     # j with the inverse term at 10x the weight: on PushT every trained variant's latents carry the
-    # block's position (probe R² 0.59-0.87) but hardly the agent's (0.04-0.34; k's CNN untrained:
+    # block's position (probe R² 0.41-0.87) but hardly the agent's (-0.11-0.34; k's CNN untrained:
     # 0.30-0.34), and an action moves only the agent, so the inverse term is the one that pays for it
     "l": ["model.input_norm=global", "model.projector_norm=batchnorm", "objective.lambda_rollout=1.0",
           "model.inverse_head=256", "objective.lambda_inverse=10.0"],
