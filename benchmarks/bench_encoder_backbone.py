@@ -37,17 +37,11 @@ PRESET = dict(input_norm="global", projector_norm="batchnorm")
 def _arms() -> dict[str, Encoder]:
     torch.manual_seed(0)
     nchw = Encoder(ModelConfig(backbone="cnn", **PRESET))
-    nchw.cnn.forward = _nchw_forward(nchw.cnn)
+    nchw.cnn.channels_last = False
     return {"vit": Encoder(ModelConfig(**PRESET)),
             "cnn": Encoder(ModelConfig(backbone="cnn", **PRESET)),
             "cnn-nchw": nchw,
             "cnn-impala": Encoder(ModelConfig(backbone="cnn", cnn_channels=[16, 32, 32], **PRESET))}
-
-
-def _nchw_forward(cnn):
-    def forward(x):  # ImpalaCNN.forward without the channels-last conversion
-        return torch.relu(cnn.fc(torch.relu(cnn.stages(x)).flatten(1)))
-    return forward
 
 
 def _time(encoder: Encoder, opt: torch.optim.Optimizer, x: torch.Tensor) -> float:

@@ -459,6 +459,16 @@ def write_report(out: Path, result: dict) -> None:
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
 
 
+def untrained_checkpoint(folder: Path, variant: str, overrides: list[str]) -> Path:
+    """``folder``, holding (written once) an untrained model of ``variant``'s architecture at init
+    seed 123, with ``overrides`` applied (they carry the env's action dimension)."""
+    if not (folder / "header.json").exists():
+        model_cfg = load_config([*overrides, *VARIANTS[variant]]).model
+        save_checkpoint(folder, build_world_model(model_cfg, init_seed=123).state_dict(),
+                        kind="world_model", architecture=architecture(model_cfg))
+    return folder
+
+
 def parse_seeds(text: str) -> list[int]:
     try:
         seeds = [int(x) for x in text.split(",") if x.strip()]
@@ -522,11 +532,7 @@ def main() -> None:
         path.write_text(json.dumps(value, indent=1, default=str))
         return value
 
-    untrained_dir = out / "untrained"
-    if not (untrained_dir / "header.json").exists():  # the first pilot's: variant a's architecture, seed 123
-        untrained_cfg = load_config([*args.overrides, *VARIANTS["a"]]).model  # the env's action dimension
-        save_checkpoint(untrained_dir, build_world_model(untrained_cfg, init_seed=123).state_dict(),
-                        kind="world_model", architecture=architecture(untrained_cfg))
+    untrained_dir = untrained_checkpoint(out / "untrained", "a", args.overrides)  # the first pilot's
 
     # name -> (checkpoint, policy, cache key, config); the floors' keys are the first pilot's.
     runs = {"random actions": (untrained_dir, "random", "random-actions", cfg),
@@ -534,11 +540,7 @@ def main() -> None:
     floors = ["random actions", "untrained model, CEM"]
     if args.untrained_like and args.untrained_like != "a":
         like = args.untrained_like
-        like_dir = out / f"untrained-{like}"
-        if not (like_dir / "header.json").exists():
-            like_cfg = load_config([*args.overrides, *VARIANTS[like]]).model
-            save_checkpoint(like_dir, build_world_model(like_cfg, init_seed=123).state_dict(),
-                            kind="world_model", architecture=architecture(like_cfg))
+        like_dir = untrained_checkpoint(out / f"untrained-{like}", like, args.overrides)
         floors.append(f"untrained model ({like}), CEM")
         runs[floors[-1]] = (like_dir, "mpc", f"untrained-{like}-model-CEM", cfg)
     if args.oracle:  # TwoRoom's batched closed-form step, PushT's pymunk shadows (lensemble.eval.pusht_sim)

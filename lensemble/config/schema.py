@@ -48,14 +48,10 @@ def _omit_cpu_device(out: dict) -> dict:
 def _omit_defaults(dump: dict, added: dict) -> dict:
     """``dump`` without the fields of ``added`` that sit at their (added-later) default value."""
     for key, default in added.items():
-        # a tuple field dumps as a tuple (python mode) or a list (json mode): both are the default
-        if key in dump and _as_list(dump[key]) == _as_list(default):
+        # compared as JSON values: a tuple field dumps as a tuple (python mode) or a list (json mode)
+        if key in dump and to_jsonable_python(dump[key]) == to_jsonable_python(default):
             dump.pop(key)
     return dump
-
-
-def _as_list(value):
-    return list(value) if isinstance(value, tuple) else value
 
 
 #: Fields added to a section after hashes had been taken of its dump, with their defaults.
@@ -84,7 +80,7 @@ class ModelConfig(_Section):
     depth: int = Field(3, ge=1, description="ViT blocks (backbone=vit)")
     num_heads: int = Field(4, ge=1, description="ViT heads (backbone=vit)")
     cnn_channels: tuple[int, ...] = Field(
-        # IMPALA's (16, 32, 32) narrowed where the grid is largest: 2.2x less CPU (lensemble/model/cnn.py)
+        # IMPALA's (16, 32, 32) narrowed where the grid is largest: 2.5x less CPU (lensemble/model/cnn.py)
         (8, 16, 32), min_length=1, description="width of each stride-2 CNN stage (backbone=cnn)",
     )
     latent_dim: int = Field(64, ge=2, description="d: dimension of one latent per frame")

@@ -91,8 +91,9 @@ def test_architecture_roundtrip_strict():
         world_model_from_state({"format": "other"}, tensors)
 
 
-def test_rotation_reparametrises_encoder_exactly():
-    m = build_world_model(tiny_cfg(), init_seed=2)
+@pytest.mark.parametrize("backbone", [{}, {"backbone": "cnn", "cnn_channels": [4, 8]}], ids=["vit", "cnn"])
+def test_rotation_reparametrises_encoder_exactly(backbone):
+    m = build_world_model(tiny_cfg(**backbone), init_seed=2)
     x = frames(5)
     with torch.no_grad():
         z = m.encoder(x)
