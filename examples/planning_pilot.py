@@ -7,7 +7,8 @@ floors on those tasks: random actions, an untrained model with the same planner 
 architecture, init seed 123; with ``--untrained-like V`` also one of variant V's) and, with ``--oracle`` on TwoRoom, the same planner on the true
 dynamics. Every arm is scored by :func:`lensemble.eval.evaluate`. Reported per arm: successes with
 a Wilson interval, route-valid successes (TwoRoom: every step entered the wall only through a
-door), success on tasks whose goal lies across the wall, the ladder's one-step / copy error,
+door), success on tasks whose goal lies across the wall, the ladder's one-step / copy error on
+held-out episodes and on training episodes (a gap between them is overfitting),
 linear position-probe R² on latents against the same probe on a 64-component PCA of the raw
 pixels, effective dimension, latent std, and input robustness (how far the latents move under a
 change of resize kernel or a +4/255 brightness shift, relative to the start-goal latent
@@ -129,6 +130,12 @@ VARIANTS = {
     # 0.30-0.34), and an action moves only the agent, so the inverse term is the one that pays for it
     "l": ["model.input_norm=global", "model.projector_norm=batchnorm", "objective.lambda_rollout=1.0",
           "model.inverse_head=256", "objective.lambda_inverse=10.0"],
+    # k and j's agent-focused levers together, for PushT at 96 px (the global override
+    # model.img_size=96, so tasks, floors and data share the resolution): its agent (radius 15 of a
+    # 512-unit workspace) is ~4 px across at 64 px and ~6 at 96, a larger target for the CNN's
+    # 12x12 grid and for the inverse term; the CNN costs ~2.3x as much per frame at 96 px
+    "m": ["model.input_norm=global", "model.projector_norm=batchnorm", "objective.lambda_rollout=1.0",
+          "model.backbone=cnn", "model.inverse_head=256", "objective.lambda_inverse=1.0"],
 }
 #: Planner energies an arm can be scored with (eval overrides; docs/evaluation.md "Planner energy").
 COSTS = {
@@ -256,6 +263,7 @@ def ladder(ckpt, cfg) -> dict:
     eval_batch, train = load_split(cfg, "heldout", progress=False)
     r = run_ladder(model, eval_batch, train, split="heldout", env=None, seed=derive(cfg.eval.seed, "ladder"))
     return {"one_step_error": r.one_step_error, "copy_last_error": r.copy_last_error,
+            "train_one_step_error": r.train_one_step_error, "train_copy_last_error": r.train_copy_last_error,
             "rollout_composite": r.rollout_composite, "probe_r2": r.probe_r2,
             "probe_r2_per_dim": r.probe_r2_per_dim, "effective_dim": r.effective_dim, "latent_std": r.latent_std}
 
@@ -408,9 +416,9 @@ def write_report(out: Path, result: dict) -> None:
              f"Linear position probe on a {PCA_COMPONENTS}-component PCA of raw pixels: "
              f"R² {result['pixel_pca_probe']['probe_r2']:.3f}.", "",
              "| arm | success | Wilson 95 % | route-valid | cross-wall | probe R² | eff. dim | latent std "
-             "| one-step / copy | resize shift | brightness shift | through solid wall | stops at door "
+             "| one-step / copy | on train episodes | resize shift | brightness shift | through solid wall | stops at door "
              "| ms / action | train CPU-s | eval CPU-s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, arm in result["arms"].items():
         r, lad, rob = arm["rate"], arm.get("ladder") or {}, arm.get("robustness") or {}
         wall = arm.get("wall") or {}
@@ -421,6 +429,7 @@ def write_report(out: Path, result: dict) -> None:
             f"| {rv['successes']} | {'–' if not cw or not cw[1] else f'{cw[0]}/{cw[1]}'} | {fmt(lad.get('probe_r2'))} "
             f"| {fmt(lad.get('effective_dim'), '.1f')} | {fmt(lad.get('latent_std'))} "
             f"| {fmt(lad.get('one_step_error'))} / {fmt(lad.get('copy_last_error'))} "
+            f"| {fmt(lad.get('train_one_step_error'))} / {fmt(lad.get('train_copy_last_error'))} "
             f"| {fmt(rob.get('resize_ratio_median'), '.2f')} | {fmt(rob.get('brightness_ratio_median'), '.2f')} "
             f"| {fmt(leak, '.0%')} | {fmt(door, '.0%')} "
             f"| {fmt(arm.get('time_per_action_ms'), '.1f')} | {arm.get('train_cpu_seconds', '–')} | {arm.get('eval_cpu_seconds', '–')} |")
@@ -449,6 +458,9 @@ def write_report(out: Path, result: dict) -> None:
               f"{WALL_STEPS} latent steps; the share whose predicted final latent lies nearer the latent of the "
               "wrong outcome (rendered: passing through solid wall / stopping at an open door) than of the true one "
               "(the env's own dynamics). 0 % for a model that knows the wall (wall_probe)."]
+    lines += ["", "One-step / copy on train episodes: the same teacher-forced errors on up to 40 of the silos' "
+              "training episodes; well below 1 there but not on held-out episodes means the model fitted its "
+              "training episodes without learning the dynamics."]
     lines += ["", "Shifts: median over tasks of ||Δz|| / ||z_start − z_goal||. Paired comparisons on the shared "
               "tasks (exact McNemar, two-sided; Holm over the variant pairs):", "",
               "| A vs B | A only | B only | p | p (Holm) |", "|---|---|---|---|---|"]
@@ -584,7 +596,8 @@ def main() -> None:
         if loop.get("planning_cost"):
             arm["planning_cost"] = loop["planning_cost"]
         if policy == "mpc":  # an untrained floor's ladder too: what its latents carry before training
-            arm["ladder"] = cached(f"ladder-{key}", lambda c=ckpt: ladder(c, cfg))
+            # v2: with the training-episode one-step rung (lensemble.eval.ladder)
+            arm["ladder"] = cached(f"ladder-v2-{key}", lambda c=ckpt: ladder(c, cfg))
         if policy == "mpc" and key in trained:
             if tworoom:
                 arm["wall"] = cached(f"wall-v2-{key}", lambda c=ckpt: wall_probe(c, cfg))

@@ -307,8 +307,9 @@ def cli_evaluate(
         table.add_row("success on cross-wall tasks", rate)
     table.add_row("time per action", f"{report.time_per_action_ms:.1f} ms")
     table.add_row("planning samples / plan", str(report.planning_samples))
-    for name in ("transfer_success_rate", "one_step_error", "copy_last_error", "rollout_composite",
-                 "intervention_error", "probe_r2", "pixel_pca_r2", "effective_dim", "latent_std"):
+    for name in ("transfer_success_rate", "one_step_error", "copy_last_error", "train_one_step_error",
+                 "train_copy_last_error", "rollout_composite", "intervention_error", "probe_r2", "pixel_pca_r2",
+                 "effective_dim", "latent_std"):
         value = getattr(report, name)
         if value is not None:
             table.add_row(name.replace("_", " "), f"{value:.4g}")

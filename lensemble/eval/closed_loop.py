@@ -697,6 +697,8 @@ def _ladder_fields(model, cfg, env_id, split, values, env, seed, progress, setti
     return {
         "one_step_error": result.one_step_error,
         "copy_last_error": result.copy_last_error,
+        "train_one_step_error": result.train_one_step_error,
+        "train_copy_last_error": result.train_copy_last_error,
         "rollout_error": result.rollout_error,
         "rollout_composite": result.rollout_composite,
         "intervention_error": result.intervention_error,

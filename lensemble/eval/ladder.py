@@ -4,7 +4,11 @@ Each rung asks a different question of a frozen world model, on episodes it neve
 
 1. **One-step prediction** — teacher-forced ``g(z_{≤t}, a_t)`` against the encoded next frame,
    next to the *copy-last-latent* baseline ``z_{t+1} ≈ z_t``. A predictor that does not beat
-   copying has learnt nothing about the actions.
+   copying has learnt nothing about the actions. Beside it, the same two errors on (up to
+   ``fit_episodes`` of) the silos' *training* episodes: a predictor that beats copying there but
+   not on held-out episodes has fitted its training episodes without learning the dynamics
+   (overfitting: PushT on 80 episodes, docs/model.md), where one that beats it on neither has not
+   learnt them at all. The two readings call for different levers (more data against more steps).
 2. **Open-loop rollout** — from a true latent history, feed the recorded actions for h latent steps
    without looking at frames again and compare ẑ_{t+h} with z_{t+h}, at h = 1, 10, 20. Horizons
    longer than an episode allows are clamped to the longest available one (``rollout_horizons``
@@ -77,6 +81,8 @@ class LadderSettings:
     probe_ridge: float = 1e-3          # ridge penalty per sample on standardised latents
     pixel_pca_components: int = 64     # k of the pixel-PCA baseline (0 skips it); 64 as in issue 14
     max_probe_frames: int = 4096       # train frames used to fit the probe (evenly subsampled)
+    fit_episodes: int = 40             # train episodes of the training-split one-step rung (0 skips it);
+                                       # 40 matches a default silo's count, so the rung costs one silo's encode
     batch_size: int = 256              # frames per encoder call
 
 
@@ -88,6 +94,8 @@ class LadderResult:
     n_episodes: int
     one_step_error: float
     copy_last_error: float
+    train_one_step_error: float | None       # the same two on training episodes (None: skipped)
+    train_copy_last_error: float | None
     rollout_error: dict[int, float]          # used horizon -> MSE per latent dim
     rollout_horizons: dict[int, int]         # requested horizon -> used (clamped) horizon
     rollout_composite: float
@@ -287,6 +295,23 @@ def pixel_pca_probe_r2(
     return linear_probe_r2((x_tr - mu) @ basis, s_train, (x_te - mu) @ basis, s_test, ridge=ridge)
 
 
+def fit_episode_batch(train_batches: Sequence, max_episodes: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Up to ``max_episodes`` training episodes, taken evenly across the train batches' episodes
+    (silo by silo, in order): uint8 obs (E, T+1, H, W, 3) and float32 actions (E, T, A), or None
+    when there are none or ``max_episodes`` is 0. Batches whose episode length differs from the
+    first's are left out (they cannot share one array)."""
+    batches = [b for b in train_batches if b.num_episodes > 0]
+    if not batches or max_episodes <= 0:
+        return None
+    batches = [b for b in batches if b.obs.shape[1:] == batches[0].obs.shape[1:]]
+    index = [(i, e) for i, b in enumerate(batches) for e in range(b.num_episodes)]
+    if len(index) > max_episodes:
+        index = [index[k] for k in np.linspace(0, len(index) - 1, max_episodes).round().astype(int)]
+    obs = np.stack([batches[i].obs[e] for i, e in index])
+    actions = np.stack([batches[i].actions[e] for i, e in index])
+    return obs, actions
+
+
 def probe_train_frames(train_batches: Sequence, max_frames: int) -> tuple[np.ndarray, np.ndarray]:
     """Every frame of the train batches, evenly subsampled to at most ``max_frames``: the frames
     both probes are fitted on. Returns uint8 (n, H, W, 3) frames and their (n, S) states."""
@@ -411,6 +436,12 @@ def run_ladder(
     say("ladder: one-step and rollout errors")
     one = one_step_error(pred, z, a)
     copy = copy_last_error(z)
+    train_one = train_copy = None
+    fit = fit_episode_batch(train_batches, settings.fit_episodes)
+    if fit is not None:
+        say("ladder: one-step error on training episodes")
+        z_fit, a_fit = latent_sequences(enc, fit[0], fit[1], block, settings.batch_size)
+        train_one, train_copy = one_step_error(pred, z_fit, a_fit), copy_last_error(z_fit)
     errors, used = rollout_errors(pred, z, a, settings.horizons)
     composite = rollout_composite(errors, used, settings.weights)
 
@@ -446,6 +477,8 @@ def run_ladder(
         n_episodes=eval_batch.num_episodes,
         one_step_error=one,
         copy_last_error=copy,
+        train_one_step_error=train_one,
+        train_copy_last_error=train_copy,
         rollout_error=errors,
         rollout_horizons=used,
         rollout_composite=composite,
@@ -472,6 +505,7 @@ def _state_names(env_id: str, width: int) -> list[str]:
 __all__ = [
     "LadderSettings",
     "copy_last_error",
+    "fit_episode_batch",
     "intervention_error",
     "latent_sequences",
     "linear_probe_r2",

@@ -123,6 +123,11 @@ class EvalReport(BaseModel):
     # Evaluation ladder (each a separate number; None when not measured)
     one_step_error: float | None = None
     copy_last_error: float | None = None
+    train_one_step_error: float | None = None
+    """The one-step rung on (up to 40 of) the silos' training episodes, beside its copy-last
+    baseline ``train_copy_last_error``: beating copying there but not on held-out episodes means
+    the model fitted its training episodes without learning the dynamics (docs/evaluation.md)."""
+    train_copy_last_error: float | None = None
     rollout_error: dict[int, float] | None = None
     rollout_composite: float | None = None
     intervention_error: float | None = None
@@ -178,6 +183,8 @@ class EvalReport(BaseModel):
         for name in (
             "one_step_error",
             "copy_last_error",
+            "train_one_step_error",
+            "train_copy_last_error",
             "rollout_composite",
             "intervention_error",
             "effective_dim",

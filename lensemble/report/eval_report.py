@@ -85,8 +85,9 @@ def render_eval_markdown(report: EvalReport, checkpoint: str | Path, *, split: s
                   f"({100 * cross['share']:.0f} %); {on}.", ""]
     lines += success_table({"model": report}, {"model": label}) + ["", f"![Success]({figure})", ""]
     ladder = [(name, getattr(report, name)) for name in
-              ("one_step_error", "copy_last_error", "rollout_composite", "intervention_error", "probe_r2",
-               "pixel_pca_r2", "effective_dim", "latent_std", "transfer_success_rate")]
+              ("one_step_error", "copy_last_error", "train_one_step_error", "train_copy_last_error",
+               "rollout_composite", "intervention_error", "probe_r2", "pixel_pca_r2", "effective_dim", "latent_std",
+               "transfer_success_rate")]
     ladder = [(n, v) for n, v in ladder if v is not None]
     if ladder or report.rollout_error:
         lines += ["## The evaluation ladder", "", "| measure | value |", "|---|---|"]
@@ -95,7 +96,8 @@ def render_eval_markdown(report: EvalReport, checkpoint: str | Path, *, split: s
             lines.append("| rollout error | " + ", ".join(f"h={h}: {fmt(e, '.3g')}"
                                                          for h, e in sorted(report.rollout_error.items())) + " |")
         lines += ["", "A one-step error above the copy-last error means the predictor learnt nothing useful "
-                  "(docs/evaluation.md).", ""]
+                  "on held-out episodes; if its training-episode pair (train one-step / train copy-last) "
+                  "is well below 1, it fitted its training episodes instead (docs/evaluation.md).", ""]
     lines += ["## Provenance", "", "| what | value |", "|---|---|",
               f"| checkpoint | `{checkpoint}` |", f"| checkpoint hash | `{report.checkpoint_hash}` |",
               f"| config hash | `{report.config_hash}` |", f"| planner | {report.planner} |",

@@ -40,8 +40,8 @@ def test_mpc_report_is_complete_and_round_trips(setup):
     assert report.planning_samples == cfg.eval.num_samples * cfg.eval.iterations
     assert report.checkpoint_hash == digest and report.config_hash == cfg.config_hash()
     assert report.planner == "cem" and report.time_per_action_ms > 0 and len(report.goal_spec_hash) == 64
-    for name in ("one_step_error", "copy_last_error", "rollout_composite", "intervention_error",
-                 "probe_r2", "pixel_pca_r2", "effective_dim", "latent_std"):
+    for name in ("one_step_error", "copy_last_error", "train_one_step_error", "train_copy_last_error",
+                 "rollout_composite", "intervention_error", "probe_r2", "pixel_pca_r2", "effective_dim", "latent_std"):
         assert getattr(report, name) is not None, name
     assert 1 in report.rollout_error
     assert EvalReport.from_json(report.to_json()) == report

@@ -6,7 +6,9 @@ import torch
 
 from lensemble.errors import EvaluationError
 from lensemble.eval.ladder import (
+    LadderSettings,
     copy_last_error,
+    fit_episode_batch,
     intervention_error,
     latent_sequences,
     linear_probe_r2,
@@ -14,6 +16,7 @@ from lensemble.eval.ladder import (
     pixel_pca_probe_r2,
     rollout_composite,
     rollout_errors,
+    run_ladder,
 )
 
 
@@ -203,3 +206,53 @@ def test_bad_shapes_raise():
         copy_last_error(torch.zeros(2, 1, 3))
     with pytest.raises(EvaluationError):
         one_step_error(lambda z, a: z, torch.zeros(2, 4, 3), torch.zeros(2, 4, 2))
+
+
+class _FrameValue(torch.nn.Module):
+    """Encoder of constant frames: (B, 3, H, W) uint8 -> (B, 1), the frame's value."""
+
+    latent_dim = 1
+
+    def forward(self, x):
+        return x.float().mean((1, 2, 3))[:, None]
+
+
+def _constant_frame_batch(actions: np.ndarray, step: float):
+    """EpisodeBatch whose frame values follow v_{t+1} = v_t + step * a_t from 128 (4x4 px)."""
+    from lensemble.data.shards import EpisodeBatch
+
+    e, t = actions.shape[:2]
+    v = 128 + step * np.concatenate([np.zeros((e, 1)), np.cumsum(actions[..., 0], axis=1)], axis=1)
+    obs = np.broadcast_to(v[:, :, None, None, None], (e, t + 1, 4, 4, 3)).astype(np.uint8).copy()
+    return EpisodeBatch(obs=obs, actions=actions.astype(np.float32), state=v[..., None].astype(np.float32),
+                        factors=[{} for _ in range(e)], meta={"env_id": "synthetic"})
+
+
+def test_training_episode_rung_separates_a_fitted_law_from_the_held_out_one():
+    """A model that learnt its training episodes' law (v += 10 a) scores 0 on them and 4x copying on
+    held-out episodes that follow v -= 10 a: the rung reads the training split, not the held-out one."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(0)
+    train = [_constant_frame_batch(rng.integers(0, 2, (n, 6, 1)), +10.0) for n in (3, 4)]
+    held = _constant_frame_batch(rng.integers(0, 2, (5, 6, 1)), -10.0)
+    model = SimpleNamespace(encoder=_FrameValue(), predictor=LinearDynamics(torch.tensor([[10.0]])),
+                            cfg=SimpleNamespace(action_block=1), latent_dim=1, eval=lambda: None)
+    r = run_ladder(model, held, train, split="heldout", settings=LadderSettings(pixel_pca_components=0))
+    assert r.train_one_step_error == pytest.approx(0.0, abs=1e-9)
+    assert r.train_copy_last_error > 0
+    assert r.one_step_error == pytest.approx(4 * r.copy_last_error, rel=1e-6)
+    skipped = run_ladder(model, held, train, split="heldout",
+                         settings=LadderSettings(pixel_pca_components=0, fit_episodes=0))
+    assert skipped.train_one_step_error is None and skipped.train_copy_last_error is None
+
+
+def test_fit_episode_batch_spreads_over_silos_and_caps():
+    a = _constant_frame_batch(np.arange(3 * 6).reshape(3, 6, 1) % 2, 1.0)
+    b = _constant_frame_batch(np.ones((5, 6, 1)), 2.0)
+    obs, actions = fit_episode_batch([a, b], 4)  # evenly over the 8 episodes: a0, a2, b2, b4
+    assert obs.shape == (4, 7, 4, 4, 3) and actions.shape == (4, 6, 1)
+    for got, want in zip(obs, [a.obs[0], a.obs[2], b.obs[2], b.obs[4]], strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert fit_episode_batch([a, b], 100)[0].shape[0] == 8
+    assert fit_episode_batch([a, b], 0) is None and fit_episode_batch([], 4) is None
