@@ -295,21 +295,20 @@ def pixel_pca_probe_r2(
     return linear_probe_r2((x_tr - mu) @ basis, s_train, (x_te - mu) @ basis, s_test, ridge=ridge)
 
 
+def _even_indices(n: int, k: int) -> np.ndarray:
+    """All of range(n) when n <= k, else k indices spread evenly over it (first and last kept)."""
+    return np.arange(n) if n <= k else np.linspace(0, n - 1, k).round().astype(int)
+
+
 def fit_episode_batch(train_batches: Sequence, max_episodes: int) -> tuple[np.ndarray, np.ndarray] | None:
     """Up to ``max_episodes`` training episodes, taken evenly across the train batches' episodes
     (silo by silo, in order): uint8 obs (E, T+1, H, W, 3) and float32 actions (E, T, A), or None
-    when there are none or ``max_episodes`` is 0. Batches whose episode length differs from the
-    first's are left out (they cannot share one array)."""
-    batches = [b for b in train_batches if b.num_episodes > 0]
-    if not batches or max_episodes <= 0:
+    when there are none or ``max_episodes`` is 0. Only the chosen episodes are copied."""
+    index = [(b, e) for b in train_batches for e in range(b.num_episodes)]
+    if not index or max_episodes <= 0:
         return None
-    batches = [b for b in batches if b.obs.shape[1:] == batches[0].obs.shape[1:]]
-    index = [(i, e) for i, b in enumerate(batches) for e in range(b.num_episodes)]
-    if len(index) > max_episodes:
-        index = [index[k] for k in np.linspace(0, len(index) - 1, max_episodes).round().astype(int)]
-    obs = np.stack([batches[i].obs[e] for i, e in index])
-    actions = np.stack([batches[i].actions[e] for i, e in index])
-    return obs, actions
+    chosen = [index[k] for k in _even_indices(len(index), max_episodes)]
+    return np.stack([b.obs[e] for b, e in chosen]), np.stack([b.actions[e] for b, e in chosen])
 
 
 def probe_train_frames(train_batches: Sequence, max_frames: int) -> tuple[np.ndarray, np.ndarray]:
@@ -317,8 +316,8 @@ def probe_train_frames(train_batches: Sequence, max_frames: int) -> tuple[np.nda
     both probes are fitted on. Returns uint8 (n, H, W, 3) frames and their (n, S) states."""
     obs = np.concatenate([b.obs.reshape(-1, *b.obs.shape[-3:]) for b in train_batches])
     state = np.concatenate([b.state.reshape(-1, b.state.shape[-1]) for b in train_batches])
-    if obs.shape[0] > max_frames:
-        keep = np.linspace(0, obs.shape[0] - 1, max_frames).round().astype(int)
+    if obs.shape[0] > max_frames:  # index only when subsampling: obs[arange(n)] would copy every frame again
+        keep = _even_indices(obs.shape[0], max_frames)
         obs, state = obs[keep], state[keep]
     return obs, state
 
