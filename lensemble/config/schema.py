@@ -57,8 +57,9 @@ def _omit_defaults(dump: dict, added: dict) -> dict:
 #: Fields added to a section after hashes had been taken of its dump, with their defaults.
 _MODEL_ADDED_DEFAULTS = {"predictor_attention": "window", "input_norm": "pixel", "projector_norm": "layernorm",
                          "inverse_head": 0, "backbone": "vit", "cnn_channels": (8, 16, 32)}
-_TRAIN_ADDED_DEFAULTS = {"bn_recalibration_batches": 40}
-_OBJECTIVE_ADDED_DEFAULTS = {"lambda_straight": 0.0, "lambda_rollout": 0.0, "lambda_inverse": 0.0}
+_TRAIN_ADDED_DEFAULTS = {"bn_recalibration_batches": 40, "silo_batches": False, "silo_statistics": "none"}
+_OBJECTIVE_ADDED_DEFAULTS = {"lambda_straight": 0.0, "lambda_rollout": 0.0, "lambda_inverse": 0.0,
+                             "sigreg_scope": "silo", "bn_scope": "batch", "summary_clips": 512}
 _EVAL_ADDED_DEFAULTS = {"goal_source": "expert", "cost": "l1", "reach_source": "public", "reach_aggregate": "final",
                         "reach_max_gap": 50, "reach_steps": 2000}
 _DATA_ADDED_DEFAULTS = {"shared_homes": False}
@@ -174,6 +175,26 @@ class ObjectiveConfig(_Section):
         "predictor's in_proj, so it is invariant under the gauge (docs/model.md)",
     )
 
+    # The pooled objective (lensemble/model/pooled.py, docs/federation.md "The pooled objective"): batch
+    # statistics computed on one silo's batch penalise every difference between the silos' latents.
+    sigreg_scope: Literal["silo", "pooled"] = Field(
+        "silo",
+        description="silo: SIGReg's characteristic function on the (silo's) batch alone; pooled: under "
+        "federation each participant's SIGReg uses the ECF pooled across participants (its live batch with "
+        "gradient, the others' summaries taken with the round's global model, fixed)",
+    )
+    bn_scope: Literal["batch", "pooled", "frozen"] = Field(
+        "batch",
+        description="with model.projector_norm=batchnorm, what a training batch is normalised with: batch, its "
+        "own moments; pooled, moments pooled across participants (the others' summaries, fixed); frozen, the "
+        "model's running statistics (FixBN: the warm start's, re-estimated on the public probe each round)",
+    )
+    summary_clips: int = Field(
+        512, ge=1,
+        description="clips of its own training data each participant summarises per round for the pooled "
+        "statistics (sigreg_scope=pooled or bn_scope=pooled), encoded with the round's global model",
+    )
+
     @model_serializer(mode="wrap")
     def _omit_added_defaults(self, handler):
         return _omit_defaults(handler(self), _OBJECTIVE_ADDED_DEFAULTS)
@@ -203,6 +224,25 @@ class TrainConfig(_Section):
         "before every checkpoint is saved; 0 keeps the momentum-0.1 running estimates. Ignored "
         "with layernorm",
     )
+    # The per-silo central control (issue 31): the federation's batch statistics without any averaging.
+    silo_batches: bool = Field(
+        False,
+        description="centralized training (source pooled) only: each batch is batch_size / C clips from each "
+        "of the C silos, in silo order (the control of silo_statistics)",
+    )
+    silo_statistics: Literal["none", "batchnorm", "sigreg", "both"] = Field(
+        "none",
+        description="with silo_batches: each silo's share of a batch gets its own train-mode BatchNorm forward "
+        "and/or its own SIGReg (at its own N, summed over silos), as each participant computes them under "
+        "federation; objective.sigreg_scope / bn_scope = pooled then pool them across the shares with the other "
+        "shares' summaries, refreshed every federation.inner_steps steps as a federation would",
+    )
+
+    @model_validator(mode="after")
+    def _check_silo_statistics(self):
+        if self.silo_statistics != "none" and not self.silo_batches:
+            raise ValueError("train.silo_statistics needs train.silo_batches=true (a share of the batch per silo)")
+        return self
 
     @model_serializer(mode="wrap")
     def _omit_added_defaults(self, handler):

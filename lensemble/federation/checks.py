@@ -30,6 +30,20 @@ def check_federation_config(cfg: LensembleConfig) -> None:
             "(ε covers only the clipped, noised pseudo-gradient)",
             remediation="use a rung without distillation (gauge=anchor or lower) with privacy=dp, "
                         "or privacy=none for rung 5")
+    pooled = [f"objective.{k}=pooled" for k in ("sigreg_scope", "bn_scope") if getattr(cfg.objective, k) == "pooled"]
+    if pooled and cfg.privacy.enabled:
+        # The summaries are functions of silo data outside the DP pipeline: releasing them would
+        # make ε a lie. Clipping and noising them in the accountant is not built (docs/federation.md).
+        raise ConfigError(
+            f"{' and '.join(pooled)} releases each silo's summary of its latents (characteristic-function and "
+            "BatchNorm moments) every round, which privacy.enabled's ε does not cover",
+            remediation="use objective.bn_scope=frozen (FixBN needs no exchange) with privacy=dp, or privacy=none "
+                        "for the pooled objective")
+    if pooled and cfg.federation.secure_aggregation:
+        raise ConfigError(
+            f"{' and '.join(pooled)} is not yet masked by SecAgg+: the coordinator would see each silo's "
+            "summary in the clear", remediation="turn federation.secure_aggregation off for the pooled objective, "
+                                                "or use objective.bn_scope=frozen")
     check_secure_config(cfg)
 
 

@@ -41,6 +41,7 @@ from lensemble.federation.locks import lock_folder
 from lensemble.federation.messages import Reply
 from lensemble.federation.outer import OuterOptimizer, aggregate_checked
 from lensemble.federation.privacy import PrivacyLedger, ReleaseTally
+from lensemble.federation.pooling import SUMMARY_PHASE, close_summaries
 from lensemble.federation.pseudograd import Layout
 from lensemble.federation.secure_agg import SecAggSettings, SecureSum, check_secure_sum, mean_from_sum
 from lensemble.federation.state import federated_keys, split_state, to_arrays
@@ -53,7 +54,8 @@ from lensemble.model.encoder import embed_frames
 from lensemble.model.objective import LOSS_TERMS
 from lensemble.model.world_model import architecture, world_model_from_state
 from lensemble.observability.metrics import MetricsSink
-from lensemble.training.warmstart import train_warmstart
+from lensemble.training.pooling import pools_anything
+from lensemble.training.warmstart import train_warmstart, warmstart_config
 
 
 class Coordinator:
@@ -107,6 +109,7 @@ class Coordinator:
         self.ledger = PrivacyLedger.from_config(cfg.privacy) if cfg.privacy.enabled else None
         self.tally = ReleaseTally(self.run_dir / "privacy.json", cfg.data.num_silos) if self.ledger else None
         self.history: list[dict] = []
+        self._summary_metrics: dict | None = None  # the open round's summary ask (pooled objective)
         self._resume_or_start({k: v for k, v in warm.tensors.items()})
         self._check_or_write_manifest()
         self.sink = MetricsSink(self.run_dir / "metrics.jsonl")
@@ -241,6 +244,24 @@ class Coordinator:
         return {"round": t, "inner-steps": self.cfg.federation.inner_steps, "probe-hash": self.probe_hash,
                 "run-id": self.run_id, "config-json": json.dumps(self.cfg.model_dump(mode="json"))}
 
+    # -- the pooled objective's summary ask (federation/pooling.py)
+    @property
+    def pools(self) -> bool:
+        """Whether each round starts with the summary ask (objective.sigreg_scope / bn_scope = pooled)."""
+        return pools_anything(self.cfg)
+
+    def summary_config(self, t: int) -> dict:
+        return {**self.round_config(t), "phase": SUMMARY_PHASE}
+
+    def close_summaries(self, t: int, replies: dict[str, Reply], failures: dict[str, str], *,
+                        wire_bytes: int | None = None) -> dict[str, np.ndarray]:
+        """The pooled mean of round t's summaries as extras for the train ask; its metrics join
+        the round's when it closes. Raises FaultToleranceExceeded below the quorum."""
+        extras, metrics = close_summaries(self.cfg, t, replies, failures)
+        wire = wire_bytes if wire_bytes is not None else sum(payload_nbytes(r.payload) for r in replies.values())
+        self._summary_metrics = {**metrics, "fed/summary_bytes": int(wire)}
+        return extras
+
     def _check_budget(self) -> None:
         bound = self.tally.bound()
         eps = self.ledger.epsilon_for(bound + 1)
@@ -340,6 +361,10 @@ class Coordinator:
             metrics["gauge/angle_to_warmstart_deg"] = ref_report.mean_global_angle_deg
 
         wire = wire_bytes if wire_bytes is not None else sum(payload_nbytes(replies[p].payload) for p in replies)
+        summary_metrics = getattr(self, "_summary_metrics", None) or {}
+        self._summary_metrics = None
+        wire += summary_metrics.get("fed/summary_bytes", 0)  # the round's bytes include its summary ask
+        metrics.update(summary_metrics)
         metrics.update({
             "round": t,
             "fed/participants": len(accepted),
@@ -476,9 +501,7 @@ def _own_warmstart(cfg: LensembleConfig, folder: Path) -> tuple[Path, str] | Non
     if not result.exists():
         return None
     info = json.loads(result.read_text())
-    # the config train_warmstart trains with (training/warmstart.py): steps = warmstart_steps
-    ws_cfg = cfg.model_copy(update={"train": cfg.train.model_copy(
-        update={"steps": cfg.train.warmstart_steps, "checkpoint_every": 0})})
+    ws_cfg = warmstart_config(cfg)  # the config train_warmstart trains with
     ckpt = folder / "checkpoints" / f"step-{cfg.train.warmstart_steps:06d}"
     if not (ckpt / "header.json").exists():
         return None

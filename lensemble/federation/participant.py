@@ -29,6 +29,7 @@ from lensemble.errors import DegenerateProcrustes, FolderInUse
 from lensemble.federation.bn_stats import recalibrate_on_probe
 from lensemble.federation.locks import lock_folder
 from lensemble.federation.messages import NodeSpec, Reply
+from lensemble.federation.pooling import is_summary_round, pooled_statistics, summary_round
 from lensemble.federation.privacy import PrivacyLedger, write_durably
 from lensemble.federation.pseudograd import pseudo_gradient
 from lensemble.federation.release import participant_pipeline
@@ -40,6 +41,7 @@ from lensemble.model.encoder import embed_frames
 from lensemble.model.objective import sketch_for_round, sketch_for_step
 from lensemble.model.world_model import WorldModel, architecture, world_model_from_state
 from lensemble.training.loop import InnerLoop
+from lensemble.training.pooling import pools_sigreg
 
 LEDGER_FILE = "dp-ledger.json"
 
@@ -51,9 +53,10 @@ def _silo_sampler(folder: str, silo: int, clip_len: int, block: int) -> ClipSamp
 
 
 def round_sketch_fn(cfg: LensembleConfig, t: int, site: str):
-    """SIGReg sketch schedule inside round t: shared per round (rung >= 2) or per-site fresh."""
+    """SIGReg sketch schedule inside round t: shared per round (rung >= 2, and whenever SIGReg is
+    pooled: the summaries hold for one sketch, the round's) or per-site fresh."""
     d, s = cfg.model.latent_dim, cfg.objective.sigreg_directions
-    if cfg.gauge.shared_sketch:
+    if cfg.gauge.shared_sketch or pools_sigreg(cfg):
         a = sketch_for_round(cfg.root_seed, t, d, s)
         return lambda i: a
     h = cfg.federation.inner_steps
@@ -139,14 +142,17 @@ def _participant_round(cfg: LensembleConfig, node: NodeSpec, state_dir: Path, gl
         anchor = make_anchor(cfg, model, probe, torch.from_numpy(extras["anchor-targets"]),
                              torch.from_numpy(extras["anchor-idx"]))
     sampler = _silo_sampler(folder, node.partition_id, cfg.train.clip_len, cfg.model.action_block)
+    sketch_fn = round_sketch_fn(cfg, t, node.participant_id)
+    if is_summary_round(round_config):  # the pooled objective's first ask of the round
+        return summary_round(cfg, model, sampler, sketch_fn(0), state_dir, node.participant_id, t)
+    stats = pooled_statistics(cfg, extras, state_dir, node.partition_id, t)
     loop = InnerLoop(model, cfg, sampler, anchor=anchor)
     if (prev := _latest_state(state_dir, t)) is not None:
         loop.load_state_dict(torch.load(prev, weights_only=True))
     reference = embed_frames(model.encoder, probe) if cfg.gauge.backstop else None
 
-    last = loop.run(h, sketch_fn=round_sketch_fn(cfg, t, node.participant_id),
-                    generator=torch_generator(cfg.root_seed, "batches", node.participant_id, t),
-                    log_every=h)
+    last = loop.run(h, sketch_fn=sketch_fn, generator=torch_generator(cfg.root_seed, "batches", node.participant_id, t),
+                    log_every=h, stats_fn=(lambda i, a: stats) if stats is not None else None)
     torch.save(loop.state_dict(), state_dir / f"inner-after-{t:05d}.pt")
     for old in sorted(state_dir.glob("inner-after-*.pt"))[:-2]:
         old.unlink()

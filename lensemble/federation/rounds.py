@@ -17,7 +17,9 @@ ResidencyViolation or PrivacyBudgetExceeded, a broken invariant) propagates at o
 
 The coordinator is duck-typed: ``num_rounds``, ``next_round``, ``round_config(t)``,
 ``global_arrays()``, optional ``extras`` (public side inputs, e.g. anchor targets), optional
-``before_ask(t)`` (called just before every ask: the DP tally counts asks durably),
+``before_ask(t)`` (called just before every ask: the DP tally counts asks durably), optional
+``pools`` with ``summary_config(t)`` and ``close_summaries(t, replies, failures, wire_bytes=)``
+(the pooled objective's summary ask before the train ask, :mod:`lensemble.federation.pooling`),
 ``close_round(t, replies, failures, wire_bytes=, seconds=[, secure_sum=])`` and ``finish()``; tests
 drive fakes. ``secure_sum`` is passed only when the ask ran secure aggregation.
 
@@ -77,8 +79,15 @@ def drive_rounds(coordinator: Any, ask: AskFn, federation: FederationConfig, *, 
                 round_config = coordinator.round_config(t)
                 if hasattr(coordinator, "before_ask"):
                     coordinator.before_ask(t)  # e.g. the DP tally counts the ask before it goes out
-                answers = ask(t, round_config, coordinator.global_arrays(),
-                              dict(getattr(coordinator, "extras", None) or {}), federation.round_timeout_s)
+                extras = dict(getattr(coordinator, "extras", None) or {})
+                if getattr(coordinator, "pools", False):
+                    # the pooled objective: every participant's summary with this round's global
+                    # model first; the train ask carries their mean (federation/pooling.py)
+                    summaries = ask(t, coordinator.summary_config(t), coordinator.global_arrays(), {},
+                                    federation.round_timeout_s)
+                    extras |= coordinator.close_summaries(t, summaries.replies, summaries.failures,
+                                                          wire_bytes=summaries.wire_bytes)
+                answers = ask(t, round_config, coordinator.global_arrays(), extras, federation.round_timeout_s)
                 seconds = time.monotonic() - started
                 # only a secure ask passes the sum: a coordinator without secure aggregation
                 # keeps its signature

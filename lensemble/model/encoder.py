@@ -35,6 +35,7 @@ from torch import nn
 
 from lensemble.config.schema import ModelConfig
 from lensemble.model.cnn import ImpalaCNN
+from lensemble.model.pooled import PoolableBatchNorm1d
 
 
 class Encoder(nn.Module):
@@ -66,7 +67,9 @@ class Encoder(nn.Module):
                 class_token=True,
             )
         self.backbone_kind = cfg.backbone
-        norm = (nn.BatchNorm1d(cfg.projector_hidden) if cfg.projector_norm == "batchnorm"
+        # PoolableBatchNorm1d is nn.BatchNorm1d (same tensors) that can also normalise with moments
+        # pooled across silos (objective.bn_scope=pooled, lensemble/model/pooled.py)
+        norm = (PoolableBatchNorm1d(cfg.projector_hidden) if cfg.projector_norm == "batchnorm"
                 else nn.LayerNorm(cfg.projector_hidden))
         self.projector = nn.Sequential(
             nn.Linear(cfg.embed_dim, cfg.projector_hidden),

@@ -14,6 +14,7 @@ INV-SKETCH-CONSISTENCY).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 
 from lensemble.config.schema import GaugeConfig, ObjectiveConfig
 from lensemble.config.seeds import torch_generator
+from lensemble.model.pooled import Pooling, pooled_batchnorm, pooled_sigreg
 from lensemble.model.sigreg import make_sketch, sigreg
 
 AnchorFn = Callable[[torch.nn.Module], torch.Tensor]
@@ -87,6 +89,47 @@ def sketch_for_round(root_seed: int, round_idx: int, d: int, num_directions: int
     return make_sketch(d, num_directions, torch_generator(root_seed, "sketch", round_idx))
 
 
+@dataclass(frozen=True)
+class BatchStatistics:
+    """How the objective computes its batch statistics (SIGReg, train-mode BatchNorm).
+
+    The default (one share, nothing pooled) is the plain objective: one encoder pass over the
+    batch, SIGReg of all its latents. Otherwise the batch is ``shares`` consecutive slices of
+    clips (one per silo; sizes sum to B):
+
+    - ``batchnorm_per_share``: each share is encoded in its own train-mode forward, so BatchNorm
+      normalises it by its own moments, as a participant's batch is under federation;
+    - ``sigreg_per_share``: SIGReg is each share's statistic at its own N, summed over shares (so
+      each latent's gradient has the size it has in the pooled statistic);
+    - ``pooling``: per share, the other shares' (silos') summaries it is pooled with
+      (:class:`~lensemble.model.pooled.Pooling`, or None): SIGReg of that share is then the pooled
+      statistic and, when the pooling carries BatchNorm moments, the share is normalised with
+      pooled moments. A participant under federation is one share with the others' pooling.
+    """
+
+    shares: tuple[int, ...] | None = None
+    batchnorm_per_share: bool = False
+    sigreg_per_share: bool = False
+    pooling: tuple[Pooling | None, ...] | None = None
+
+    def share_slices(self, b: int) -> list[slice]:
+        sizes = self.shares or (b,)
+        if sum(sizes) != b:
+            raise ValueError(f"shares {sizes} do not add up to the batch's {b} clips")
+        if self.pooling is not None and len(self.pooling) != len(sizes):
+            raise ValueError(f"{len(self.pooling)} poolings for {len(sizes)} shares")
+        bounds = [0]
+        for n in sizes:
+            bounds.append(bounds[-1] + n)
+        return [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+
+    def pooling_of(self, i: int) -> Pooling | None:
+        return self.pooling[i] if self.pooling is not None else None
+
+
+PLAIN = BatchStatistics()
+
+
 class JEPAObjective:
     """Callable loss: ``objective(model, obs, actions, sketch) -> LossTerms``.
 
@@ -114,12 +157,14 @@ class JEPAObjective:
         obs: torch.Tensor,
         actions: torch.Tensor,
         sketch: torch.Tensor,
+        stats: BatchStatistics = PLAIN,
     ) -> LossTerms:
         """One clip batch.
 
         model: a WorldModel (``.encoder.encode_frames``, ``.predictor``).
         obs: uint8 (B, K, 3, H, W) frames at stride ``action_block``; actions: float (B, K-1, A*b);
-        sketch: (d, S) unit-norm directions (moved to the latents' device).
+        sketch: (d, S) unit-norm directions (moved to the latents' device); stats: how batch
+        statistics are computed (:class:`BatchStatistics`; the default is the plain objective).
         """
         if obs.ndim != 5:
             raise ValueError(f"obs must be (B, K, 3, H, W), got {tuple(obs.shape)}")
@@ -129,11 +174,16 @@ class JEPAObjective:
         if actions.shape[:2] != (b, k - 1):
             raise ValueError(f"actions must be (B={b}, K-1={k - 1}, A*b), got {tuple(actions.shape)}")
         cfg = self.cfg
-        z = model.encoder.encode_frames(obs)  # (B, K, d)
+        shares = stats.share_slices(b)
+        z = self._encode(model, obs, stats, shares)  # (B, K, d)
         pred = model.predictor(z[:, :-1], actions.to(z.dtype))
         target = z[:, 1:].detach() if cfg.stop_gradient else z[:, 1:]
         pred_loss = F.mse_loss(pred.float(), target.float())
-        sig = sigreg(z, sketch, knots=cfg.sigreg_knots, t_max=cfg.sigreg_t_max)
+        if len(shares) == 1 or (stats.sigreg_per_share or stats.pooling is not None):
+            sig = sum(pooled_sigreg(z[sl], sketch, stats.pooling_of(i), knots=cfg.sigreg_knots, t_max=cfg.sigreg_t_max)
+                      for i, sl in enumerate(shares))
+        else:  # shares that share one SIGReg (the control, or BatchNorm-only per share)
+            sig = sigreg(z, sketch, knots=cfg.sigreg_knots, t_max=cfg.sigreg_t_max)
         total = cfg.lambda_pred * pred_loss + cfg.lambda_sig * sig
         if self.anchor is not None and self.lambda_anc > 0:
             anc = self.anchor(model).float()
@@ -172,5 +222,20 @@ class JEPAObjective:
             inverse=inv,
         )
 
+    @staticmethod
+    def _encode(model: torch.nn.Module, obs: torch.Tensor, stats: BatchStatistics, shares: list[slice]) -> torch.Tensor:
+        """Latents (B, K, d): one pass over the batch, or one train-mode pass per share when each
+        share needs its own BatchNorm statistics (per share, or pooled with its own summary)."""
+        separate = stats.batchnorm_per_share or any(
+            p is not None and p.bn is not None for p in (stats.pooling or ()))
+        if not separate:
+            with pooled_batchnorm(model.encoder, stats.pooling_of(0)) if len(shares) == 1 else nullcontext():
+                return model.encoder.encode_frames(obs)
+        parts = []
+        for i, sl in enumerate(shares):
+            with pooled_batchnorm(model.encoder, stats.pooling_of(i)):
+                parts.append(model.encoder.encode_frames(obs[sl]))
+        return torch.cat(parts)
 
-__all__ = ["LOSS_TERMS", "JEPAObjective", "LossTerms", "sketch_for_round", "sketch_for_step", "temporal_straightening"]
+
+__all__ = ["LOSS_TERMS", "PLAIN", "BatchStatistics", "JEPAObjective", "LossTerms", "sketch_for_round", "sketch_for_step", "temporal_straightening"]

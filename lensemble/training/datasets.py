@@ -7,13 +7,14 @@ from lensemble.data.clips import ClipSampler
 from lensemble.data.collect import load_public_episodes, load_silo
 from lensemble.data.store import ensure_data
 from lensemble.errors import ConfigError
+from lensemble.training.pooling import ShareSampler
 
 
 def silo_ids(summary: dict) -> list[int]:
     return [s["silo"] for s in summary["silos"]]
 
 
-def training_sampler(cfg: LensembleConfig, source: str, *, progress: bool = True) -> tuple[ClipSampler, dict]:
+def training_sampler(cfg: LensembleConfig, source: str, *, progress: bool = True) -> tuple[ClipSampler | ShareSampler, dict]:
     """A clip sampler over ``source`` and a JSON-able description of the data it covers.
 
     ``source``: "pooled" (every silo's train split), "silo-<i>" (one silo) or "public" (the
@@ -36,4 +37,10 @@ def training_sampler(cfg: LensembleConfig, source: str, *, progress: bool = True
         "episodes": sum(b.num_episodes for b in batches),
         "probe_hash": summary["probe"]["content_hash"],
     }
+    if cfg.train.silo_batches:
+        if source != "pooled":
+            raise ConfigError(f"train.silo_batches draws a share of every batch from each silo; source {source!r} "
+                              "is not the pooled silos", remediation="train.silo_batches=false for this source")
+        # the per-silo central control: one sampler per silo, a share of each batch from each
+        return ShareSampler([ClipSampler.from_config([b], cfg) for b in batches]), info
     return ClipSampler.from_config(batches, cfg), info

@@ -14,10 +14,13 @@ import torch
 from lensemble.config.schema import LensembleConfig
 from lensemble.errors import ConfigError
 from lensemble.model.collapse import effective_dim, latent_std
-from lensemble.model.objective import AnchorFn, JEPAObjective, LossTerms
+from lensemble.model.objective import PLAIN, AnchorFn, BatchStatistics, JEPAObjective, LossTerms
 from lensemble.model.world_model import WorldModel
+from lensemble.training.pooling import freeze_batchnorm
 
 SketchFn = Callable[[int], torch.Tensor]
+# stats(i, sketch) -> how step i computes its batch statistics (pooled objective, per-silo control)
+StatsFn = Callable[[int, torch.Tensor], BatchStatistics]
 
 
 class InnerLoop:
@@ -49,7 +52,8 @@ class InnerLoop:
         warm = self.cfg.train.warmup_steps
         return self.cfg.train.lr * min(1.0, (step + 1) / warm) if warm else self.cfg.train.lr
 
-    def step(self, sketch: torch.Tensor, generator: torch.Generator) -> tuple[LossTerms, float]:
+    def step(self, sketch: torch.Tensor, generator: torch.Generator,
+             stats: BatchStatistics = PLAIN) -> tuple[LossTerms, float]:
         """One optimizer step; returns the loss terms and the pre-clip gradient norm."""
         lr = self.lr_at(self.steps_done)
         for group in self.optimizer.param_groups:
@@ -60,12 +64,13 @@ class InnerLoop:
             obs, actions = obs.to(self.device), actions.to(self.device)
             sketch = sketch.to(self.device)
         self.model.train()
-        if self.cfg.model.encoder_frozen:
-            # A frozen encoder (Fork A) is frozen as a function: its BatchNorm layers, if any,
-            # normalise with their stored statistics and never update them.
+        if freeze_batchnorm(self.cfg):
+            # A frozen encoder (Fork A) is frozen as a function, and FixBN (objective.bn_scope=frozen)
+            # normalises with the model's running statistics: either way its BatchNorm layers use
+            # their stored statistics and never update them.
             for bn in self.model.encoder.batchnorm_layers():
                 bn.eval()
-        terms = self.objective(self.model, obs, actions, sketch)
+        terms = self.objective(self.model, obs, actions, sketch, stats)
         self.optimizer.zero_grad(set_to_none=True)
         terms.total.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.cfg.train.grad_clip)
@@ -74,23 +79,26 @@ class InnerLoop:
         return terms, float(grad_norm)
 
     def run(self, num_steps: int, *, sketch_fn: SketchFn, generator: torch.Generator,
-            on_step: Callable[[int, dict], None] | None = None, log_every: int = 1) -> dict[str, float]:
+            on_step: Callable[[int, dict], None] | None = None, log_every: int = 1,
+            stats_fn: StatsFn | None = None) -> dict[str, float]:
         """Take ``num_steps`` steps; ``on_step(i, metrics)`` sees every step's scalar metrics.
 
         Returns the metrics of the last step. ``sketch_fn(i)`` gives the SIGReg sketch of step i
         (fresh per step single-site, constant within a federated round). Collapse diagnostics
         (effective dimension, latent std) cost an eigendecomposition, so they are computed only
-        every ``log_every`` steps and on the last one.
+        every ``log_every`` steps and on the last one. ``stats_fn(i, sketch)`` says how step i
+        computes its batch statistics (default: the plain objective).
         """
         if self.device.type != "cpu":  # [device] on the device for these steps, back on the CPU after
             with _on_device(self.model, self.optimizer, self.device):
-                return self._run(num_steps, sketch_fn, generator, on_step, log_every)
-        return self._run(num_steps, sketch_fn, generator, on_step, log_every)
+                return self._run(num_steps, sketch_fn, generator, on_step, log_every, stats_fn)
+        return self._run(num_steps, sketch_fn, generator, on_step, log_every, stats_fn)
 
-    def _run(self, num_steps, sketch_fn, generator, on_step, log_every) -> dict[str, float]:
+    def _run(self, num_steps, sketch_fn, generator, on_step, log_every, stats_fn) -> dict[str, float]:
         last: dict[str, float] = {}
         for i in range(num_steps):
-            terms, grad_norm = self.step(sketch_fn(i), generator)
+            sketch = sketch_fn(i)
+            terms, grad_norm = self.step(sketch, generator, stats_fn(i, sketch) if stats_fn else PLAIN)
             last = {f"loss/{'total' if k == 'loss' else k}": v for k, v in terms.as_floats().items()}
             last["train/grad_norm"] = grad_norm
             last["train/lr"] = self.optimizer.param_groups[0]["lr"]

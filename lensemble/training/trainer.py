@@ -19,12 +19,13 @@ from lensemble.config.schema import LensembleConfig
 from lensemble.config.seeds import derive, torch_generator
 from lensemble.errors import ConfigError
 from lensemble.model.encoder import recalibrate_batchnorm
-from lensemble.model.objective import sketch_for_step
+from lensemble.model.objective import sketch_for_round, sketch_for_step
 from lensemble.model.world_model import architecture, build_world_model, world_model_from_state
 from lensemble.observability.metrics import MetricsSink
 from lensemble.observability.progress import progress_bar
 from lensemble.training.datasets import training_sampler
 from lensemble.training.loop import InnerLoop
+from lensemble.training.pooling import central_statistics, pools_sigreg
 
 
 def recalibrate_for_checkpoint(model, cfg: LensembleConfig, sampler, source: str, step: int) -> int:
@@ -108,7 +109,13 @@ def train_local(
     generator = torch_generator(cfg.root_seed, "batches", source)
     d, n_dir = cfg.model.latent_dim, cfg.objective.sigreg_directions
 
+    stats = central_statistics(cfg, model, sampler, source)
+    h = cfg.federation.inner_steps
+    pooled_ecf = cfg.train.silo_batches and cfg.train.silo_statistics != "none" and pools_sigreg(cfg)
+
     def sketch(i: int) -> torch.Tensor:
+        if pooled_ecf:  # summaries hold for one sketch: one per refresh period, as a round shares one
+            return sketch_for_round(cfg.root_seed, i // h, d, n_dir)
         return sketch_for_step(cfg.root_seed, i, d, n_dir, site=source)
 
     ckpt_root = run_dir / "checkpoints"
@@ -128,7 +135,8 @@ def train_local(
                 advance(1, info=f"pred {metrics['loss/pred']:.3f} sig {metrics['loss/sigreg']:.2f}")
 
             last = loop.run(chunk, sketch_fn=lambda i, base=step: sketch(base + i), generator=generator,
-                            on_step=on_step, log_every=cfg.train.log_every)
+                            on_step=on_step, log_every=cfg.train.log_every,
+                            stats_fn=lambda i, a, base=step: stats(base + i, a))
             step += chunk
             recalibrated = recalibrate_for_checkpoint(model, cfg, sampler, source, step)
             if recalibrated:

@@ -1,0 +1,285 @@
+"""The pooled objective's batch statistics: SIGReg and BatchNorm across silos, from summaries.
+
+Anything computed over a batch is part of the objective. Computed on one silo's batch it is not
+the pooled objective: SIGReg's empirical characteristic function (ECF) is linear in the samples,
+so for silos k with weights w_k (Σ w_k = 1) and φ̂_pool = Σ_k w_k φ̂_k,
+
+    Σ_k w_k |φ̂_k(t) − φ(t)|²  =  |φ̂_pool(t) − φ(t)|²  +  Σ_k w_k |φ̂_k(t) − φ̂_pool(t)|²,
+
+i.e. per-silo SIGReg is the pooled SIGReg plus a penalty on every difference between the silos'
+latent distributions; BatchNorm normalising each silo's batch by its own moments removes the same
+differences at the projector (docs/federation.md, "The pooled objective").
+
+Here each party summarises what the pooled statistics need with sums and means — which secure
+aggregation can add — and trains with its own live batch (with gradient) pooled with the others'
+summary (fixed):
+
+- :class:`EcfSummary`: per sketch direction s and knot t_k, the mean of cos(t_k p) and sin(t_k p)
+  of the *uncentred* projections p = z a_s, and the mean of p. Centring on the pooled mean
+  μ = Σ w_k μ_k is exact afterwards: the centred ECF is exp(−i t μ) · Σ_k w_k (C_k + i S_k).
+- :class:`Moments`: per BatchNorm layer, the mean, variance and squared mean of its input features.
+
+Weights: every party weighs alike (w_k = 1/C), as the coordinator's unweighted mean of
+pseudo-gradients does; so a pooled summary is the mean of the parties' summaries, which is what a
+SecAgg+ sum divided by C gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from lensemble.model.sigreg import _knot_weights, sigreg
+
+#: Names under which a summary travels (np arrays; see :meth:`SiloSummary.to_arrays`).
+ECF_KEYS = ("ecf.cos", "ecf.sin", "ecf.mean")
+MOMENT_FIELDS = ("mean", "var", "meansq")
+
+
+@dataclass
+class EcfSummary:
+    """Mean ECF parts of a set of latents on one sketch: cos, sin (S, K) and mean (S,), float32.
+
+    Means, not sums: every entry lies in [−1, 1] except ``mean`` (the projections' mean), so a
+    summary fits a SecAgg+ clip range, and a mean over parties is the pooled summary at equal
+    weights.
+    """
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mean: torch.Tensor
+
+    def detach(self) -> "EcfSummary":
+        return EcfSummary(self.cos.detach(), self.sin.detach(), self.mean.detach())
+
+
+@dataclass
+class Moments:
+    """One BatchNorm layer's input: per-feature mean, (biased) variance and squared mean (H,), float32.
+
+    Centred moments, not E[x²]: E[x²] − mean² loses every digit of a small variance under a large
+    mean in float32. Summed over parties they still pool exactly (:meth:`PoolableBatchNorm1d.forward`).
+    """
+
+    mean: torch.Tensor
+    var: torch.Tensor
+    meansq: torch.Tensor
+
+    @classmethod
+    def of(cls, x: torch.Tensor) -> "Moments":
+        """The moments of a batch x (N, H) in float32."""
+        x = x.to(torch.float32)
+        mean = x.mean(dim=0)
+        return cls(mean, x.var(dim=0, unbiased=False), mean.square())
+
+
+@dataclass
+class Pooling:
+    """The fixed part of one party's pooled statistics: the *other* parties' summaries, summed
+    (``others`` of them), and ``parties`` = C, the number of parties the pooled mean is over.
+
+    The pooled ECF a party trains with is (ECF_live + Σ_others ECF_j) / C; with ``others`` = 0 it
+    is the live batch's own (the silo objective).
+    """
+
+    parties: int
+    ecf: EcfSummary | None = None          # Σ over the others (cos, sin, mean summed)
+    bn: list[Moments] | None = None        # per BatchNorm layer, Σ over the others
+
+
+def ecf_summary(z: torch.Tensor, sketch: torch.Tensor, *, knots: int = 17, t_max: float = 3.0) -> EcfSummary:
+    """The ECF summary of latents z (N, d) (leading dims flattened) on ``sketch`` (d, S)."""
+    z = z.reshape(-1, z.shape[-1]).to(torch.float32)
+    proj = z @ sketch.to(device=z.device, dtype=torch.float32)  # (N, S)
+    t, _, _ = _knot_weights(knots, t_max, z.device)
+    arg = proj.unsqueeze(-1) * t  # (N, S, K)
+    return EcfSummary(torch.cos(arg).mean(dim=0), torch.sin(arg).mean(dim=0), proj.mean(dim=0))
+
+
+def pooled_sigreg(z: torch.Tensor, sketch: torch.Tensor, pooling: Pooling | None, *, knots: int = 17,
+                  t_max: float = 3.0) -> torch.Tensor:
+    """SIGReg of the pooled latent distribution, differentiable w.r.t. the live latents z (N, d).
+
+    The pooled ECF is (live + Σ others) / C with the live batch's summary in it; the projections
+    are centred on the pooled mean. Scaled by N_eff = N·C (the live batch counts for 1/C of the
+    pool), so each live latent's gradient has the size it has in :func:`~lensemble.model.sigreg.sigreg`
+    of a pooled batch, and at C = 1 this *is* ``sigreg(z)`` (same value and gradient, float
+    rounding aside). When ``others`` equals the summary of a batch z' of the same size, the value
+    equals ``sigreg(cat(z, z'))`` (tests/unit/test_pooled_stats.py).
+    """
+    if pooling is None or pooling.ecf is None:
+        return sigreg(z, sketch, knots=knots, t_max=t_max)
+    live = ecf_summary(z, sketch, knots=knots, t_max=t_max)
+    c = float(pooling.parties)
+    others = pooling.ecf
+    mu = (live.mean + others.mean.to(live.mean)) / c  # (S,)
+    re_raw = (live.cos + others.cos.to(live.cos)) / c  # (S, K)
+    im_raw = (live.sin + others.sin.to(live.sin)) / c
+    t, phi, w = _knot_weights(knots, t_max, z.device)
+    ang = mu.unsqueeze(-1) * t  # (S, K): centring is a rotation of the ECF by exp(−i t μ)
+    cos_a, sin_a = torch.cos(ang), torch.sin(ang)
+    re = re_raw * cos_a + im_raw * sin_a
+    im = im_raw * cos_a - re_raw * sin_a
+    err = (re - phi).square() + im.square()
+    n_eff = z.reshape(-1, z.shape[-1]).shape[0] * c
+    return n_eff * (err @ w).mean()
+
+
+class PoolableBatchNorm1d(nn.BatchNorm1d):
+    """BatchNorm1d that can normalise a training batch with moments pooled across silos.
+
+    Same parameters and buffers as ``nn.BatchNorm1d`` (checkpoints and hashes do not change).
+    While :func:`pooled_batchnorm` has set ``pooled_with`` (the other parties' summed moments and
+    the party count C), a train-mode forward normalises with
+    mean = (live mean + Σ others) / C and var the pooled variance (law of total variance), the
+    gradient flowing through the live batch only; running statistics are not updated then (the
+    parties re-estimate them on the public probe). Otherwise it is exactly ``nn.BatchNorm1d``.
+    ``record`` (a list, or None) collects the input moments of each forward, for summaries.
+    """
+
+    pooled_with: tuple[Moments, int] | None = None
+    record: list[Moments] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.record is not None:
+            self.record.append(Moments.of(x.detach()))
+        if self.pooled_with is None or not self.training:
+            return super().forward(x)
+        others, c = self.pooled_with
+        xf = x.to(torch.float32)
+        live_mean, live_var = xf.mean(dim=0), xf.var(dim=0, unbiased=False)
+        mean = (live_mean + others.mean.to(xf)) / c
+        # law of total variance over the C parties: mean within-party variance + variance of their means;
+        # Σ_others (μ_k − μ)² = Σ μ_k² − 2μ Σ μ_k + (C − 1) μ²
+        between = ((live_mean - mean).square() + others.meansq.to(xf) - 2 * mean * others.mean.to(xf)
+                   + (c - 1) * mean.square())
+        var = ((live_var + others.var.to(xf) + between) / c).clamp_min(0.0)
+        y = (xf - mean) / torch.sqrt(var + self.eps)
+        if self.affine:
+            y = y * self.weight + self.bias
+        return y.to(x.dtype)
+
+
+def poolable_layers(module: nn.Module) -> list[PoolableBatchNorm1d]:
+    """The module's poolable BatchNorm layers, in module order (the order moments travel in)."""
+    return [m for m in module.modules() if isinstance(m, PoolableBatchNorm1d)]
+
+
+@contextmanager
+def pooled_batchnorm(module: nn.Module, pooling: Pooling | None):
+    """Inside the block, ``module``'s BatchNorm layers normalise train-mode batches with moments
+    pooled with ``pooling.bn`` (one :class:`Moments` per layer, in module order). A no-op when
+    ``pooling`` has no BatchNorm moments."""
+    layers = poolable_layers(module)
+    if pooling is None or pooling.bn is None or not layers:
+        yield
+        return
+    if len(pooling.bn) != len(layers):
+        raise ValueError(f"{len(pooling.bn)} BatchNorm moment summaries for {len(layers)} BatchNorm layers")
+    try:
+        for layer, moments in zip(layers, pooling.bn, strict=True):
+            layer.pooled_with = (moments, pooling.parties)
+        yield
+    finally:
+        for layer in layers:
+            layer.pooled_with = None
+
+
+@contextmanager
+def recording_moments(module: nn.Module):
+    """Collects the BatchNorm input moments of every forward inside the block: yields a list that
+    receives, per forward, one list of :class:`Moments` per layer (module order)."""
+    layers = poolable_layers(module)
+    records: list[list[Moments]] = [[] for _ in layers]
+    try:
+        for layer, rec in zip(layers, records, strict=True):
+            layer.record = rec
+        yield records
+    finally:
+        for layer in layers:
+            layer.record = None
+
+
+@dataclass
+class SiloSummary:
+    """What one party contributes to the pooled statistics of a round: its ECF summary on the
+    round's sketch (None unless SIGReg is pooled) and its BatchNorm input moments (None unless
+    BatchNorm is pooled), each a mean over ``frames`` latents."""
+
+    ecf: EcfSummary | None
+    bn: list[Moments] | None
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Flat float32 arrays under fixed names: ``ecf.cos`` (S, K), ``ecf.sin``, ``ecf.mean`` (S,),
+        ``bn.<i>.mean`` / ``bn.<i>.var`` / ``bn.<i>.meansq`` (H,) per BatchNorm layer i."""
+        out: dict[str, np.ndarray] = {}
+        if self.ecf is not None:
+            for key, value in zip(ECF_KEYS, (self.ecf.cos, self.ecf.sin, self.ecf.mean), strict=True):
+                out[key] = value.detach().cpu().numpy().astype(np.float32)
+        for i, m in enumerate(self.bn or []):
+            for f in MOMENT_FIELDS:
+                out[f"bn.{i}.{f}"] = getattr(m, f).detach().cpu().numpy().astype(np.float32)
+        return out
+
+    def scaled(self, k: float) -> "SiloSummary":
+        """Every entry times ``k`` (a sum over C parties times 1/C is their pooled mean)."""
+        ecf = EcfSummary(self.ecf.cos * k, self.ecf.sin * k, self.ecf.mean * k) if self.ecf is not None else None
+        bn = [Moments(*(getattr(m, f) * k for f in MOMENT_FIELDS)) for m in self.bn] if self.bn is not None else None
+        return SiloSummary(ecf, bn)
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "SiloSummary":
+        def t(key: str) -> torch.Tensor:
+            return torch.from_numpy(np.asarray(arrays[key], dtype=np.float32))
+
+        ecf = EcfSummary(*(t(k) for k in ECF_KEYS)) if ECF_KEYS[0] in arrays else None
+        n_bn = len({k.split(".")[1] for k in arrays if k.startswith("bn.")})
+        bn = [Moments(*(t(f"bn.{i}.{f}") for f in MOMENT_FIELDS)) for i in range(n_bn)] or None
+        return cls(ecf, bn)
+
+
+def sum_summaries(summaries: Sequence[SiloSummary]) -> SiloSummary:
+    """The element-wise sum of parties' summaries (what secure aggregation would reveal)."""
+    first = summaries[0]
+    ecf = None
+    if first.ecf is not None:
+        ecf = EcfSummary(*(torch.stack([getattr(s.ecf, f) for s in summaries]).sum(0) for f in ("cos", "sin", "mean")))
+    bn = None
+    if first.bn is not None:
+        bn = [Moments(*(torch.stack([getattr(s.bn[i], f) for s in summaries]).sum(0) for f in MOMENT_FIELDS))
+              for i in range(len(first.bn))]
+    return SiloSummary(ecf, bn)
+
+
+def others_pooling(pooled_mean: SiloSummary, own: SiloSummary | None, parties: int) -> Pooling:
+    """One party's :class:`Pooling` from the pooled mean over ``parties`` contributors and its
+    own contribution (None when it did not contribute: then the pool gains it as one more party).
+
+    Σ_others = C·mean − own (own in the pool) or C·mean (own not in it, C+1 parties then).
+    """
+    c = int(parties)
+    if own is None:
+        scale, total = float(c), c + 1
+        minus = None
+    else:
+        scale, total = float(c), c
+        minus = own
+    ecf = bn = None
+    if pooled_mean.ecf is not None:
+        parts = [getattr(pooled_mean.ecf, f) * scale - (getattr(minus.ecf, f) if minus is not None else 0)
+                 for f in ("cos", "sin", "mean")]
+        ecf = EcfSummary(*parts)
+    if pooled_mean.bn is not None:
+        bn = [Moments(*(getattr(m, f) * scale - (getattr(minus.bn[i], f) if minus is not None else 0)
+                        for f in MOMENT_FIELDS)) for i, m in enumerate(pooled_mean.bn)]
+    return Pooling(parties=total, ecf=ecf, bn=bn)
+
+
+__all__ = ["ECF_KEYS", "EcfSummary", "Moments", "Pooling", "PoolableBatchNorm1d", "SiloSummary", "ecf_summary",
+           "others_pooling", "pooled_batchnorm", "pooled_sigreg", "poolable_layers", "recording_moments",
+           "sum_summaries"]
