@@ -40,8 +40,8 @@ from lensemble.federation.codec import payload_nbytes, quant_ratio
 from lensemble.federation.locks import lock_folder
 from lensemble.federation.messages import Reply
 from lensemble.federation.outer import OuterOptimizer, aggregate_checked
-from lensemble.federation.privacy import PrivacyLedger, ReleaseTally
 from lensemble.federation.pooling import SUMMARY_PHASE, close_summaries
+from lensemble.federation.privacy import PrivacyLedger, ReleaseTally
 from lensemble.federation.pseudograd import Layout
 from lensemble.federation.secure_agg import SecAggSettings, SecureSum, check_secure_sum, mean_from_sum
 from lensemble.federation.state import federated_keys, split_state, to_arrays

@@ -23,9 +23,16 @@ import torch
 
 from lensemble.config.schema import LensembleConfig
 from lensemble.config.seeds import torch_generator
-from lensemble.data.clips import ClipSampler, Clips
+from lensemble.data.clips import Clips, ClipSampler
 from lensemble.model.objective import PLAIN, BatchStatistics
-from lensemble.model.pooled import Moments, SiloSummary, ecf_summary, others_pooling, recording_moments, sum_summaries
+from lensemble.model.pooled import (
+    Moments,
+    SiloSummary,
+    ecf_summary,
+    others_pooling,
+    recording_moments,
+    sum_summaries,
+)
 
 #: Clips encoded per forward while summarising: one default training batch (64 clips x 4 frames),
 #: so a batch-statistics forward (bn_scope=batch) sees a training batch's worth of frames.

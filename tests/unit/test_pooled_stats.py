@@ -140,11 +140,12 @@ def test_poolable_batchnorm_is_batchnorm_and_pools_like_the_concatenated_batch()
 
 def test_one_party_pooled_objective_is_the_plain_objective_value_and_gradient():
     # the whole objective (BatchNorm projector, SIGReg) with a pool of one party: no other silo
+    from tiny_model import D, frames, tiny_cfg
+
     from lensemble.config.schema import ObjectiveConfig
     from lensemble.model.objective import BatchStatistics, JEPAObjective
     from lensemble.model.pooled import recording_moments
     from lensemble.model.world_model import build_world_model
-    from tiny_model import D, frames, tiny_cfg
 
     model = build_world_model(tiny_cfg(projector_norm="batchnorm"), init_seed=0)
     obs = frames(8 * 3).reshape(8, 3, 3, 16, 16)
