@@ -94,7 +94,7 @@ class InnerLoop:
                 return self._run(num_steps, sketch_fn, generator, on_step, log_every, stats_fn)
         return self._run(num_steps, sketch_fn, generator, on_step, log_every, stats_fn)
 
-    def _run(self, num_steps, sketch_fn, generator, on_step, log_every, stats_fn) -> dict[str, float]:
+    def _run(self, num_steps, sketch_fn, generator, on_step, log_every, stats_fn=None) -> dict[str, float]:
         last: dict[str, float] = {}
         for i in range(num_steps):
             sketch = sketch_fn(i)
