@@ -39,11 +39,14 @@ def check_federation_config(cfg: LensembleConfig) -> None:
             "BatchNorm moments) every round, which privacy.enabled's ε does not cover",
             remediation="use objective.bn_scope=frozen (FixBN needs no exchange) with privacy=dp, or privacy=none "
                         "for the pooled objective")
-    if pooled and cfg.federation.secure_aggregation:
+    if cfg.objective.sigreg_scope == "pooled" and cfg.federation.secure_aggregation \
+            and cfg.federation.secagg_clip_range < 1.0:
+        # Under SecAgg+ the summaries are masked like updates (federation/pooling.py): their ECF
+        # means of cos and sin lie in [-1, 1], which the coordinate range must hold.
         raise ConfigError(
-            f"{' and '.join(pooled)} is not yet masked by SecAgg+: the coordinator would see each silo's "
-            "summary in the clear", remediation="turn federation.secure_aggregation off for the pooled objective, "
-                                                "or use objective.bn_scope=frozen")
+            f"federation.secagg_clip_range={cfg.federation.secagg_clip_range:g} < 1: the pooled ECF summary's "
+            "means of cos and sin lie in [-1, 1] and would not fit the SecAgg+ coordinate range",
+            remediation="set federation.secagg_clip_range >= 1 with objective.sigreg_scope=pooled")
     check_secure_config(cfg)
 
 

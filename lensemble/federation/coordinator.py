@@ -40,7 +40,7 @@ from lensemble.federation.codec import payload_nbytes, quant_ratio
 from lensemble.federation.locks import lock_folder
 from lensemble.federation.messages import Reply
 from lensemble.federation.outer import OuterOptimizer, aggregate_checked
-from lensemble.federation.pooling import SUMMARY_PHASE, close_summaries
+from lensemble.federation.pooling import SUMMARY_PHASE, close_secure_summaries, close_summaries
 from lensemble.federation.privacy import PrivacyLedger, ReleaseTally
 from lensemble.federation.pseudograd import Layout
 from lensemble.federation.secure_agg import SecAggSettings, SecureSum, check_secure_sum, mean_from_sum
@@ -254,10 +254,21 @@ class Coordinator:
         return {**self.round_config(t), "phase": SUMMARY_PHASE}
 
     def close_summaries(self, t: int, replies: dict[str, Reply], failures: dict[str, str], *,
-                        wire_bytes: int | None = None) -> dict[str, np.ndarray]:
+                        wire_bytes: int | None = None, secure_sum: SecureSum | None = None) -> dict[str, np.ndarray]:
         """The pooled mean of round t's summaries as extras for the train ask; its metrics join
-        the round's when it closes. Raises FaultToleranceExceeded below the quorum."""
-        extras, metrics = close_summaries(self.cfg, t, replies, failures)
+        the round's when it closes. Raises FaultToleranceExceeded below the quorum.
+
+        Under ``federation.secure_aggregation`` the summaries come as ``secure_sum`` (their SecAgg+
+        sum) and replies that carry none; an individual summary is refused
+        (:func:`~lensemble.federation.pooling.close_secure_summaries`)."""
+        if self.cfg.federation.secure_aggregation or secure_sum is not None:
+            if not self.cfg.federation.secure_aggregation:
+                raise ConfigError(f"round {t}'s summaries came as a secure sum but federation.secure_aggregation "
+                                  "is off", remediation="run the coordinator with the config the participants "
+                                                        "were asked with")
+            extras, metrics = close_secure_summaries(self.cfg, t, replies, failures, secure_sum)
+        else:
+            extras, metrics = close_summaries(self.cfg, t, replies, failures)
         wire = wire_bytes if wire_bytes is not None else sum(payload_nbytes(r.payload) for r in replies.values())
         self._summary_metrics = {**metrics, "fed/summary_bytes": int(wire)}
         return extras

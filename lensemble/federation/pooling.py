@@ -16,12 +16,20 @@ With ``objective.sigreg_scope=pooled`` or ``objective.bn_scope=pooled`` a round 
 Cost per participant and round: S·(2K + 1) + 3H floats up (17,920 at S = 512, K = 17, plus
 1,536 for a 512-wide BatchNorm: ~78 KB) and one forward pass over the summary clips; the global
 model is sent once more for the summary ask (``fed/summary_bytes`` counts both ways).
-What a summary reveals, and why privacy and secure aggregation refuse it for now:
-docs/federation.md, "The pooled objective".
+What a summary reveals, and why privacy refuses it: docs/federation.md, "The pooled objective".
+
+Under ``federation.secure_aggregation`` the summary ask runs Flower's SecAgg+ stages like the train
+ask, so the coordinator learns only the sum of the summaries (:func:`close_secure_summaries`).
+Every coordinate must then lie in the SecAgg+ range [-c, c] (``federation.secagg_clip_range``):
+a summary travels divided field by field by public divisors (:func:`secure_summary_divisors`: c
+for the squared BatchNorm input means, 1 for everything else), and a participant whose scaled
+summary still has a coordinate outside [-c, c] refuses the round naming the field
+(:func:`secure_summary_payload`) rather than let Flower clip it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -30,9 +38,12 @@ import torch
 
 from lensemble.config.schema import LensembleConfig
 from lensemble.config.seeds import torch_generator
+from lensemble.errors import ResidencyViolation, RoundError, SecureSumRejected
 from lensemble.federation.codec import encode_delta
 from lensemble.federation.messages import Reply
-from lensemble.federation.validation import Update, require_quorum, validate_updates
+from lensemble.federation.pseudograd import Layout, unflatten
+from lensemble.federation.secure_agg import SecAggSettings, SecureSum, check_secure_sum
+from lensemble.federation.validation import Update, require_quorum, validate_embeddings, validate_updates
 from lensemble.model.objective import BatchStatistics
 from lensemble.model.pooled import MOMENT_FIELDS, SiloSummary, others_pooling
 from lensemble.training.pooling import pools_anything, pools_batchnorm, pools_sigreg, summarise
@@ -58,6 +69,132 @@ def summary_template(cfg: LensembleConfig) -> dict[str, torch.Tensor]:
     return dict(sorted(out.items()))
 
 
+def summary_numel(cfg: LensembleConfig) -> int:
+    """Coordinates of one participant's flat summary (what SecAgg+ masks in the summary ask)."""
+    return int(sum(v.numel() for v in summary_template(cfg).values()))
+
+
+# -- secure aggregation of the summaries
+
+#: What each field's coordinate is, for the refusal's message.
+_FIELD_WORDS = {"ecf.cos": "a mean of cos(t·p)", "ecf.sin": "a mean of sin(t·p)",
+                "ecf.mean": "the latents' mean projection on a sketch direction",
+                "mean": "a BatchNorm input feature's mean", "var": "a BatchNorm input feature's variance",
+                "meansq": "a BatchNorm input feature's squared mean"}
+
+
+def secure_settings(cfg: LensembleConfig) -> SecAggSettings:
+    """The SecAgg+ settings a summary is masked and checked with: the run's, without the L2 bound
+    ``federation.secagg_max_norm`` (a bound on pseudo-gradients; a summary's is c·√n)."""
+    return dataclasses.replace(SecAggSettings.from_config(cfg.federation), max_norm=None)
+
+
+def secure_summary_divisors(cfg: LensembleConfig) -> dict[str, float]:
+    """Public divisors, per summary field, that a summary travels under SecAgg+ with.
+
+    ``bn.<i>.meansq`` is divided by c (``federation.secagg_clip_range``), so it fits [-c, c]
+    exactly when the mean does (mean² / c <= c iff |mean| <= c); every other field by 1 (ECF cos
+    and sin lie in [-1, 1], and c >= 1 is required: :func:`~lensemble.federation.checks.check_federation_config`; projection means, BatchNorm input means and
+    variances must lie in [-c, c] as they are). The coordinator multiplies the mean back, so a
+    field's pooled-mean error bound is its divisor times q = 2c/2^b.
+    """
+    c = float(cfg.federation.secagg_clip_range)
+    return {k: (c if k.endswith(".meansq") else 1.0) for k in summary_template(cfg)}
+
+
+def _field_words(key: str) -> str:
+    return _FIELD_WORDS.get(key, _FIELD_WORDS.get(key.rsplit(".", 1)[-1], key))
+
+
+def secure_summary_payload(arrays: dict[str, np.ndarray], cfg: LensembleConfig) -> dict[str, np.ndarray]:
+    """A participant's summary as it enters SecAgg+: divided by :func:`secure_summary_divisors`,
+    flat fp32 in sorted-name order.
+
+    Raises RoundError (the participant sends nothing) when the summary does not have the
+    template's fields and shapes, is not finite, or has a scaled coordinate outside the SecAgg+
+    range [-c, c]: Flower would clip it silently and the pooled mean would be wrong by more than
+    the stated bound. The message names the field and the range.
+    """
+    template, divisors = summary_template(cfg), secure_summary_divisors(cfg)
+    c = float(cfg.federation.secagg_clip_range)
+    if sorted(arrays) != sorted(template):
+        raise RoundError(f"summary has fields {sorted(arrays)}, the run's summaries have {sorted(template)}")
+    scaled: dict[str, torch.Tensor] = {}
+    for key in sorted(template):
+        a = np.asarray(arrays[key])
+        if tuple(a.shape) != tuple(template[key].shape):
+            raise RoundError(f"summary field {key} has shape {tuple(a.shape)}, expected {tuple(template[key].shape)}")
+        if not bool(np.isfinite(a).all()):
+            raise RoundError(f"summary field {key} is not finite; refusing to mask it",
+                             remediation="local training diverged: lower the inner learning rate")
+        x = a.astype(np.float64) / divisors[key]
+        peak = float(np.max(np.abs(x))) if x.size else 0.0
+        if peak > c:
+            over = f"{key}/{divisors[key]:g}" if divisors[key] != 1.0 else key
+            raise RoundError(
+                f"summary field {over} ({_field_words(key)}{' over c' if divisors[key] != 1.0 else ''}) reaches "
+                f"{peak:.4g}, outside the SecAgg+ coordinate range [-{c:g}, {c:g}] "
+                "(federation.secagg_clip_range); refusing to send a clipped summary",
+                remediation="raise federation.secagg_clip_range (the error bound q = 2c/2^b grows with it; "
+                            "federation.secagg_bits buys it back)")
+        scaled[key] = torch.from_numpy(x.astype(np.float32))
+    return encode_delta(scaled)
+
+
+def close_secure_summaries(cfg: LensembleConfig, t: int, replies: dict[str, Reply], failures: dict[str, str],
+                           secure_sum: SecureSum | None) -> tuple[dict[str, np.ndarray], dict]:
+    """Coordinator side of a secure summary ask: (extras for the train ask, metrics) from the
+    SecAgg+ sum S of the contributors' scaled summaries; no individual summary is ever held.
+
+    Refuses (ResidencyViolation) a reply that carries a summary, or a round without a sum;
+    requires the quorum and the SecAgg+ threshold (FaultToleranceExceeded); checks S like an
+    update sum (:func:`~lensemble.federation.secure_agg.check_secure_sum`: finite, n coordinates,
+    within C x the per-summary bounds) and the pooled ECF means within [-1 - q, 1 + q]
+    (SecureSumRejected otherwise, nothing is pooled). The mean is S / C times the divisors;
+    ``pooled.members`` are the contributors.
+    """
+    if secure_sum is None:
+        raise ResidencyViolation(f"round {t}: federation.secure_aggregation is on but the summary ask came "
+                                 "with individual summaries, not a SecAgg+ sum",
+                                 remediation="secure aggregation runs on the Flower engines "
+                                             "(--engine ray or flower-inprocess)")
+    holding = sorted(pid for pid, r in replies.items() if r.payload)
+    if holding:
+        raise ResidencyViolation(f"round {t}: summary replies of {holding} carry an individual summary under "
+                                 "secure aggregation")
+    settings = secure_settings(cfg)
+    template, divisors = summary_template(cfg), secure_summary_divisors(cfg)
+    contributors = sorted(secure_sum.contributors)
+    require_quorum(len(contributors), max(cfg.federation.min_participants, settings.threshold), round_index=t,
+                   failures=dict(failures))
+    layout = Layout.of(template)
+    checked = check_secure_sum(secure_sum.total, len(contributors), layout.numel, settings, round_index=t)
+    for pid in contributors:
+        r = replies.get(pid)
+        why = ("sent no reply record" if r is None else
+               f"wrong round {r.round_index}" if r.round_index != t else
+               validate_embeddings(r.probe_embeddings, (0, cfg.model.latent_dim)))
+        if why:
+            raise SecureSumRejected(f"round {t}: {pid} is in the summary sum but its reply is unusable ({why})")
+    mean64 = np.asarray(secure_sum.total, dtype=np.float64) / float(len(contributors))
+    scaled = unflatten(torch.from_numpy(mean64), layout)
+    q = settings.quantum
+    mean: dict[str, np.ndarray] = {}
+    for key in template:
+        value = scaled[key].double() * divisors[key]
+        if key in ("ecf.cos", "ecf.sin") and float(value.abs().max()) > 1.0 + q:
+            raise SecureSumRejected(f"round {t}: the pooled {key} reaches {float(value.abs().max()):.4g}, "
+                                    f"beyond 1 + q = {1.0 + q:.4g}: the unmasked summary sum is broken")
+        mean[key] = value.to(torch.float32).numpy()
+    extras = {PREFIX + k: v for k, v in mean.items()}
+    extras[MEMBERS] = np.asarray([int(p.rsplit("-", 1)[1]) for p in contributors], dtype=np.int64)
+    metrics = {"fed/summary_participants": len(contributors), "fed/summary_floats": layout.numel,
+               "fed/summary_secagg_sum_max_abs": checked["fed/secagg_sum_max_abs"],
+               "fed/summary_secagg_sum_norm": checked["fed/secagg_sum_norm"],
+               "fed/summary_secagg_mean_error_bound": max(divisors.values()) * settings.mean_error_bound()}
+    return extras, metrics
+
+
 def _own_path(state_dir: Path, t: int) -> Path:
     return state_dir / f"summary-{t:05d}.npz"
 
@@ -70,10 +207,13 @@ def summary_round(cfg: LensembleConfig, model, sampler, sketch: torch.Tensor, st
     gen = torch_generator(cfg.root_seed, "summary", participant_id, t)
     summary = summarise(model, sampler.sample(cfg.objective.summary_clips, gen).obs, sketch, cfg)
     arrays = summary.to_arrays()
+    if cfg.federation.secure_aggregation:  # scaled and checked for SecAgg+'s range; masked by the Flower app
+        payload = secure_summary_payload(arrays, cfg)
+    else:
+        payload = encode_delta({k: torch.from_numpy(arrays[k]) for k in sorted(arrays)})
     np.savez(_own_path(state_dir, t), **arrays)
     for old in sorted(state_dir.glob("summary-*.npz"))[:-2]:
         old.unlink()
-    payload = encode_delta({k: torch.from_numpy(arrays[k]) for k in sorted(arrays)})
     metrics = {"fed/summary_clips": cfg.objective.summary_clips, "fed/compute_seconds": time.perf_counter() - started}
     return Reply(t, payload, np.zeros((0, cfg.model.latent_dim), dtype=np.float32), metrics)
 
@@ -116,5 +256,6 @@ def close_summaries(cfg: LensembleConfig, t: int, replies: dict[str, Reply], fai
     return extras, metrics
 
 
-__all__ = ["MEMBERS", "PREFIX", "SUMMARY_PHASE", "close_summaries", "is_summary_round", "pooled_statistics",
-           "summary_round", "summary_template"]
+__all__ = ["MEMBERS", "PREFIX", "SUMMARY_PHASE", "close_secure_summaries",
+           "close_summaries", "is_summary_round", "pooled_statistics", "secure_settings", "secure_summary_divisors",
+           "secure_summary_payload", "summary_numel", "summary_round", "summary_template"]

@@ -18,10 +18,11 @@ ResidencyViolation or PrivacyBudgetExceeded, a broken invariant) propagates at o
 The coordinator is duck-typed: ``num_rounds``, ``next_round``, ``round_config(t)``,
 ``global_arrays()``, optional ``extras`` (public side inputs, e.g. anchor targets), optional
 ``before_ask(t)`` (called just before every ask: the DP tally counts asks durably), optional
-``pools`` with ``summary_config(t)`` and ``close_summaries(t, replies, failures, wire_bytes=)``
-(the pooled objective's summary ask before the train ask, :mod:`lensemble.federation.pooling`),
-``close_round(t, replies, failures, wire_bytes=, seconds=[, secure_sum=])`` and ``finish()``; tests
-drive fakes. ``secure_sum`` is passed only when the ask ran secure aggregation.
+``pools`` with ``summary_config(t)`` and ``close_summaries(t, replies, failures, wire_bytes=[,
+secure_sum=])`` (the pooled objective's summary ask before the train ask,
+:mod:`lensemble.federation.pooling`), ``close_round(t, replies, failures, wire_bytes=, seconds=[,
+secure_sum=])`` and ``finish()``; tests drive fakes. ``secure_sum`` is passed only when the ask
+ran secure aggregation.
 
 Failures are phrases that read after the participant id ("did not reply within 5 s",
 "failed: RoundError [round_failed]"), so the round line and the quorum error say what happened.
@@ -85,8 +86,10 @@ def drive_rounds(coordinator: Any, ask: AskFn, federation: FederationConfig, *, 
                     # model first; the train ask carries their mean (federation/pooling.py)
                     summaries = ask(t, coordinator.summary_config(t), coordinator.global_arrays(), {},
                                     federation.round_timeout_s)
+                    # under secure aggregation the summaries come as their SecAgg+ sum
+                    secure = {"secure_sum": summaries.secure_sum} if summaries.secure_sum is not None else {}
                     extras |= coordinator.close_summaries(t, summaries.replies, summaries.failures,
-                                                          wire_bytes=summaries.wire_bytes)
+                                                          wire_bytes=summaries.wire_bytes, **secure)
                 answers = ask(t, round_config, coordinator.global_arrays(), extras, federation.round_timeout_s)
                 seconds = time.monotonic() - started
                 # only a secure ask passes the sum: a coordinator without secure aggregation

@@ -7,25 +7,56 @@ Known answers:
   each participant, and the run differs from the silo objective's;
 - the per-silo central control draws a share of every batch per silo and moves the model
   differently from the control with the same batches;
-- privacy and secure aggregation refuse the pooled objective with a ConfigError naming why.
+- privacy refuses the pooled objective with a ConfigError naming why;
+- under secure aggregation the summary ask runs SecAgg+: the coordinator receives no individual
+  summary, only their sum, and the pooled mean it hands the train ask is the mean of the
+  participants' own summaries within the quantisation bound; a summary outside the SecAgg+
+  coordinate range is refused by its participant, naming the range.
 """
 
+import io
 import json
 
+import numpy as np
 import pytest
 import torch
 
 from lensemble.artifacts.checkpoint import load_checkpoint
 from lensemble.config import load_config
-from lensemble.errors import ConfigError
+from lensemble.data.store import ensure_data
+from lensemble.errors import (
+    ConfigError,
+    FaultToleranceExceeded,
+    ResidencyViolation,
+    RoundError,
+    SecureSumRejected,
+)
 from lensemble.federation import participant as participant_module
 from lensemble.federation.checks import check_federation_config
+from lensemble.federation.coordinator import Coordinator
+from lensemble.federation.flower import server_app as server_app_module
+from lensemble.federation.flower.secagg import SecureGridAsk
 from lensemble.federation.inprocess import run_inprocess
-from lensemble.federation.pooling import MEMBERS
+from lensemble.federation.messages import NodeSpec, Reply
+from lensemble.federation.participant import participant_round
+from lensemble.federation.pooling import (
+    MEMBERS,
+    PREFIX,
+    secure_settings,
+    secure_summary_divisors,
+    secure_summary_payload,
+    summary_numel,
+    summary_template,
+)
+from lensemble.federation.secure_agg import SecureSum
+from lensemble.federation.simulation import run_on_local_grid
+from lensemble.federation.state import to_arrays
 from lensemble.training.trainer import train_local
 
 BN = ["model.projector_norm=batchnorm", "model.input_norm=global"]
 POOLED = ["objective.sigreg_scope=pooled", "objective.bn_scope=pooled", "objective.summary_clips=8"]
+# b = 16: q = 2c/2^16 = 2.4e-4 at c = 8, large enough that the quantisation error shows in every mean
+SECURE = ["federation.secure_aggregation=true", "federation.secagg_bits=16"]
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +157,151 @@ def test_silo_statistics_need_silo_batches():
         load_config(["experiment=micro", "train.silo_statistics=both"])
 
 
-@pytest.mark.parametrize("extra", [["privacy=dp"], ["federation.secure_aggregation=true"]])
-def test_privacy_and_secure_aggregation_refuse_the_pooled_objective(extra):
+def test_privacy_refuses_the_pooled_objective():
     with pytest.raises(ConfigError, match="pooled"):
-        check_federation_config(load_config(["experiment=micro", *BN, *POOLED, *extra]))
-    check_federation_config(load_config(["experiment=micro", *BN, "objective.bn_scope=frozen", *extra]))
+        check_federation_config(load_config(["experiment=micro", *BN, *POOLED, "privacy=dp"]))
+    check_federation_config(load_config(["experiment=micro", *BN, "objective.bn_scope=frozen", "privacy=dp"]))
+
+
+def test_secure_aggregation_takes_the_pooled_objective_with_a_range_that_holds_the_ecf():
+    check_federation_config(load_config(["experiment=micro", *BN, *POOLED, "federation.secure_aggregation=true"]))
+    with pytest.raises(ConfigError, match=r"secagg_clip_range=0.5 < 1.*\[-1, 1\]"):
+        check_federation_config(load_config(["experiment=micro", *BN, *POOLED, "federation.secure_aggregation=true",
+                                             "federation.secagg_clip_range=0.5"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# the summary ask under secure aggregation
+
+
+def _own_summaries(run_dir, t: int) -> list[dict[str, np.ndarray]]:
+    out = []
+    for p in (0, 1):
+        with np.load(run_dir / "nodes" / f"silo-{p}" / f"summary-{t:05d}.npz") as f:
+            out.append({k: f[k] for k in f.files})
+    return out
+
+
+def test_a_secure_pooled_federation_pools_only_the_sum_of_the_summaries(shared, tmp_path, monkeypatch):
+    base, _ = shared
+    cfg = load_config(base + POOLED + SECURE)
+    closed: dict[int, dict] = {}
+    seen: list[tuple[str, object]] = []
+
+    class Spy(Coordinator):
+        def close_summaries(self, t, replies, failures, *, wire_bytes=None, secure_sum=None):
+            extras = super().close_summaries(t, replies, failures, wire_bytes=wire_bytes, secure_sum=secure_sum)
+            closed[t] = {"replies": replies, "secure_sum": secure_sum, "extras": extras}
+            return extras
+
+    def observed(grid, cfg, cancel=None):  # every reply the coordinator receives, at every stage
+        return SecureGridAsk(grid, cfg, cancel=cancel, observe=lambda stage, msg: seen.append((stage, msg.content)))
+
+    monkeypatch.setattr(server_app_module, "SecureGridAsk", observed)
+    summary = run_on_local_grid(cfg, tmp_path / "run", progress=False, coordinator=Spy)
+    assert summary["rounds_completed"] == 2 and sorted(closed) == [0, 1]
+
+    s, divisors = secure_settings(cfg), secure_summary_divisors(cfg)
+    wire_forms = []
+    for t, got in closed.items():
+        # the coordinator held the SecAgg+ sum of both summaries and replies with no payload
+        assert got["secure_sum"].contributors == ("silo-0", "silo-1")
+        assert got["secure_sum"].total.shape == (summary_numel(cfg),)
+        assert sorted(got["replies"]) == ["silo-0", "silo-1"]
+        assert all(r.payload == {} and r.probe_embeddings.shape[0] == 0 for r in got["replies"].values())
+        assert sorted(int(m) for m in got["extras"][MEMBERS]) == [0, 1]
+        # ... and the pooled mean it handed the train ask is the mean of the participants' own
+        # summaries (kept on their disks) within the quantisation bound, field by field
+        own = _own_summaries(tmp_path / "run", t)
+        errors = []
+        for key in summary_template(cfg):
+            want = (own[0][key].astype(np.float64) + own[1][key].astype(np.float64)) / 2
+            got_mean = got["extras"][PREFIX + key].astype(np.float64)
+            bound = divisors[key] * s.mean_error_bound() + float(np.spacing(np.float32(np.abs(want).max() + 1)))
+            err = float(np.abs(got_mean - want).max())
+            assert err <= bound, (t, key, err, bound)
+            errors.append(err)
+        assert max(errors) > 0  # quantised: not the plaintext mean
+        wire_forms += [secure_summary_payload(o, cfg)["fp32"] for o in own]
+    rounds = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["fed/summary_participants"] == 2 and r["fed/secagg_participants"] == 2 for r in rounds)
+    assert all(r["fed/summary_secagg_mean_error_bound"] == divisors["bn.0.meansq"] * s.quantum for r in rounds)
+    # nothing any node sent at any stage of either ask holds a summary, as sent or as it entered SecAgg+
+    assert {stage for stage, _ in seen} == {"setup", "share keys", "collect masked vectors", "unmask"}
+    plain = [o[k].astype(np.float32) for t in closed for o in _own_summaries(tmp_path / "run", t) for k in o]
+    for stage, content in seen:
+        for name, rec in content.array_records.items():  # the public probe's embeddings are the only array
+            assert name == "probe" or len(rec) == 0, (stage, name)
+        for rec in content.config_records.values():
+            for value in rec.values():
+                for blob in (b for b in (value if isinstance(value, list) else [value]) if isinstance(b, bytes)):
+                    for x in plain:
+                        assert x.tobytes() not in blob
+                    for x in wire_forms:
+                        assert x.tobytes() not in blob and x.astype(np.float64).tobytes() not in blob
+    vectors = [np.load(io.BytesIO(c.config_records["secaggplus_configs"]["masked_params"][1]))
+               for stage, c in seen if stage == "collect masked vectors"]
+    masked = [v.astype(np.float64) for v in vectors if v.size == summary_numel(cfg)]
+    assert len(masked) == 2 * 2  # two summaries a round, two rounds: each masked
+    for vec in masked:  # a masked summary looks uniform: it tells nothing about the summary
+        for x in wire_forms:
+            assert abs(np.corrcoef(vec, x.astype(np.float64))[0, 1]) < 0.5
+
+
+def test_a_summary_outside_the_secagg_range_is_refused_naming_the_range(shared, tmp_path):
+    base, ws_dir = shared
+    cfg = load_config(base + POOLED + SECURE)
+    arrays = {k: np.zeros(tuple(v.shape), np.float32) for k, v in summary_template(cfg).items()}
+    secure_summary_payload(arrays, cfg)  # zeros fit
+    big_mean = dict(arrays, **{"bn.0.mean": np.full(arrays["bn.0.mean"].shape, 9.0, np.float32)})
+    with pytest.raises(RoundError, match=r"bn\.0\.mean .*reaches 9, outside the SecAgg\+ coordinate range \[-8, 8\] "
+                                         r"\(federation\.secagg_clip_range\)"):
+        secure_summary_payload(big_mean, cfg)
+    # the squared mean travels over c: it fits exactly when the mean does
+    ok = dict(arrays, **{"bn.0.meansq": np.full(arrays["bn.0.meansq"].shape, 63.0, np.float32)})
+    assert float(np.abs(secure_summary_payload(ok, cfg)["fp32"]).max()) == pytest.approx(63.0 / 8)
+    with pytest.raises(RoundError, match=r"bn\.0\.meansq/8 .*\[-8, 8\]"):
+        secure_summary_payload(dict(arrays, **{"bn.0.meansq": np.full(arrays["bn.0.meansq"].shape, 65.0,
+                                                                       np.float32)}), cfg)
+    with pytest.raises(RoundError, match="not finite"):
+        secure_summary_payload(dict(arrays, **{"ecf.mean": np.full(arrays["ecf.mean"].shape, np.nan, np.float32)}),
+                               cfg)
+    # a real participant at c = 1: its BatchNorm input means (~1.2 on micro) do not fit, and it
+    # refuses the summary ask rather than let SecAgg+ clip them; nothing is written for the round
+    tight = load_config(base + POOLED + SECURE + ["federation.secagg_clip_range=1"])
+    global_arrays = to_arrays(load_checkpoint(ws_dir).tensors)
+    probe_hash = ensure_data(tight, progress=False)[1]["probe"]["content_hash"]
+    node = NodeSpec(0, None, str(tmp_path / "nodes"))
+    with pytest.raises(RoundError, match=r"outside the SecAgg\+ coordinate range \[-1, 1\]"):
+        participant_round(tight, node, global_arrays, {"round": 0, "probe-hash": probe_hash, "phase": "summary"})
+
+
+def test_the_coordinator_refuses_individual_summaries_and_a_broken_summary_sum(shared, tmp_path):
+    base, _ = shared
+    cfg = load_config(base + POOLED + SECURE)
+    coord = Coordinator(cfg, tmp_path / "run", progress=False)
+    n = summary_numel(cfg)
+    none = np.zeros((0, cfg.model.latent_dim), np.float32)
+    bare = {p: Reply(0, {}, none, {}) for p in ("silo-0", "silo-1")}
+    holding = {p: Reply(0, {"fp32": np.zeros(n, np.float32)}, none, {}) for p in ("silo-0", "silo-1")}
+    both = ("silo-0", "silo-1")
+    try:
+        with pytest.raises(ResidencyViolation, match="not a SecAgg\\+ sum"):
+            coord.close_summaries(0, holding, {})
+        with pytest.raises(ResidencyViolation, match="carry an individual summary"):
+            coord.close_summaries(0, holding, {}, secure_sum=SecureSum(np.zeros(n), both))
+        with pytest.raises(SecureSumRejected):  # what a failed unmask looks like
+            coord.close_summaries(0, bare, {}, secure_sum=SecureSum(np.full(n, 1e6), both))
+        with pytest.raises(SecureSumRejected, match="pooled ecf"):  # within C·(c + q), but no mean of cos is 3
+            coord.close_summaries(0, bare, {}, secure_sum=SecureSum(np.full(n, 6.0), both))
+        with pytest.raises(FaultToleranceExceeded, match="quorum is 2"):
+            coord.close_summaries(0, {"silo-0": bare["silo-0"]}, {"silo-1": "did not reply within 5 s"},
+                                  secure_sum=SecureSum(np.zeros(n), ("silo-0",)))
+        with pytest.raises(SecureSumRejected, match="silo-1 is in the summary sum"):
+            coord.close_summaries(0, {"silo-0": bare["silo-0"]}, {}, secure_sum=SecureSum(np.zeros(n), both))
+        extras = coord.close_summaries(0, bare, {}, secure_sum=SecureSum(np.full(n, 0.5), both))
+        assert sorted(extras[MEMBERS].tolist()) == [0, 1]
+        assert float(extras[PREFIX + "bn.0.meansq"].max()) == pytest.approx(0.25 * cfg.federation.secagg_clip_range)
+        assert float(extras[PREFIX + "ecf.cos"].max()) == pytest.approx(0.25)
+    finally:
+        coord.finish()

@@ -14,7 +14,9 @@ code leave the node: its message can hold private values, so it is logged here, 
 re-raised as the same class with a message that names nothing but the class
 (:func:`sanitised`). Under ``federation.secure_aggregation`` the app answers the SecAgg+ stages
 through Flower's ``secaggplus_mod`` (:mod:`lensemble.federation.flower.secagg`): the handler then
-returns the checked update in Flower's FitRes layout, and only its masked form leaves. With privacy on, the reply must also pass
+returns the checked update (in the pooled objective's summary ask: the checked, scaled summary,
+:func:`~lensemble.federation.pooling.secure_summary_payload`) in Flower's FitRes layout, and only
+its masked form leaves. With privacy on, the reply must also pass
 :func:`~lensemble.federation.validation.check_private_egress`. Flower's CLI loads the module-level
 ``app``; Python launchers call :func:`make_client_app` with the run configuration baked in.
 """
@@ -50,6 +52,8 @@ from lensemble.federation.flower.secagg import (
 )
 from lensemble.federation.messages import NodeSpec
 from lensemble.federation.participant import participant_round
+from lensemble.federation.pooling import is_summary_round, summary_numel
+from lensemble.federation.pooling import secure_settings as secure_summary_settings
 from lensemble.federation.secure_agg import SecAggSettings
 from lensemble.federation.state import federated_keys
 from lensemble.federation.validation import check_private_egress
@@ -169,9 +173,11 @@ def _handle_train(msg: Message, context: Context, participant: Callable,
     if cfg.privacy.enabled:  # whatever participant function ran, the DP egress rule holds here
         check_private_egress({"probe_embeddings": reply.probe_embeddings, "metrics": reply.metrics})
     if secure:  # [secagg] checked here, then masked by secure_aggregation_mod around this handler
-        content = secure_reply_content(reply, partition_id=node.partition_id,
-                                       numel=federated_numel(global_arrays, federated(cfg)),
-                                       settings=SecAggSettings.from_config(cfg.federation))
+        if is_summary_round(round_config):  # the pooled objective's summary: its own size and bounds
+            numel, settings = summary_numel(cfg), secure_summary_settings(cfg)
+        else:
+            numel, settings = federated_numel(global_arrays, federated(cfg)), SecAggSettings.from_config(cfg.federation)
+        content = secure_reply_content(reply, partition_id=node.partition_id, numel=numel, settings=settings)
         return Message(content, reply_to=msg)
     return Message(reply_to_content(reply, partition_id=node.partition_id), reply_to=msg)
 

@@ -17,7 +17,11 @@ weights 1 (``max_weight=1``, ``num_examples=1``: DiLoCo's unweighted mean), coor
 ``secagg_clip_range`` quantised to ``2^secagg_bits`` levels, modulus 2^32. The workflow's strategy
 hook only receives the unmasked aggregate; the ask hands the coordinator S = Σ Δ_c
 (:class:`~lensemble.federation.secure_agg.SecureSum`) and per-participant replies that carry no
-update, only the probe embeddings and the scalar metrics.
+update, only the probe embeddings and the scalar metrics. The pooled objective's summary ask
+(round config ``phase=summary``, :mod:`lensemble.federation.pooling`) runs the same four stages:
+the handler returns the participant's summary, scaled and range-checked, with the summary
+template's size (``summary_numel``) instead of the model's (:func:`federated_numel`), and the
+coordinator receives the sum of the summaries.
 
 Flower 1.42 internals used, all confined to this file: ``SecAggPlusWorkflow``'s public stage
 methods and its ``WorkflowState``; a ``LegacyContext`` with a small ``Strategy`` whose
