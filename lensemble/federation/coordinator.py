@@ -37,10 +37,11 @@ from lensemble.errors import (
 from lensemble.federation.bn_stats import recalibrate_on_probe
 from lensemble.federation.checks import check_federation_config
 from lensemble.federation.codec import payload_nbytes, quant_ratio
+from lensemble.federation.global_cache import cache_config, global_digest
 from lensemble.federation.locks import lock_folder
-from lensemble.federation.messages import Reply
+from lensemble.federation.messages import Reply, participant_id
 from lensemble.federation.outer import OuterOptimizer, aggregate_checked
-from lensemble.federation.pooling import SUMMARY_PHASE, close_secure_summaries, close_summaries
+from lensemble.federation.pooling import MEMBERS, SUMMARY_PHASE, close_secure_summaries, close_summaries
 from lensemble.federation.privacy import PrivacyLedger, ReleaseTally
 from lensemble.federation.pseudograd import Layout
 from lensemble.federation.secure_agg import SecAggSettings, SecureSum, check_secure_sum, mean_from_sum
@@ -110,6 +111,7 @@ class Coordinator:
         self.tally = ReleaseTally(self.run_dir / "privacy.json", cfg.data.num_silos) if self.ledger else None
         self.history: list[dict] = []
         self._summary_metrics: dict | None = None  # the open round's summary ask (pooled objective)
+        self._summary_members: tuple[int, list[str]] | None = None  # (round, who kept its global)
         self._resume_or_start({k: v for k, v in warm.tensors.items()})
         self._check_or_write_manifest()
         self.sink = MetricsSink(self.run_dir / "metrics.jsonl")
@@ -271,7 +273,17 @@ class Coordinator:
             extras, metrics = close_summaries(self.cfg, t, replies, failures)
         wire = wire_bytes if wire_bytes is not None else sum(payload_nbytes(r.payload) for r in replies.values())
         self._summary_metrics = {**metrics, "fed/summary_bytes": int(wire)}
+        self._summary_members = (t, [participant_id(int(m)) for m in np.asarray(extras[MEMBERS]).ravel()])
         return extras
+
+    def global_cache_config(self, t: int) -> dict:
+        """Round-config entries for round t's train ask after its summary ask: the global's digest
+        and the participants whose summary was accepted, who kept that global and are sent none
+        (:mod:`lensemble.federation.global_cache`); empty when round t had no summary ask."""
+        members = getattr(self, "_summary_members", None)
+        if members is None or members[0] != t:
+            return {}
+        return cache_config(global_digest(self.global_arrays()), members[1])
 
     def _check_budget(self) -> None:
         bound = self.tally.bound()

@@ -25,6 +25,7 @@ from lensemble.errors import ConfigError, LensembleError, error_label
 from lensemble.federation.checks import SECURE_ENGINES
 from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.faults import FaultPlan, check_plan, fault_for, faulty
+from lensemble.federation.global_cache import holders
 from lensemble.federation.messages import NodeSpec
 from lensemble.federation.participant import participant_round
 from lensemble.federation.rounds import Answers, AskFn, drive_rounds
@@ -72,6 +73,7 @@ def ask_in_process(cfg: LensembleConfig, nodes: list[NodeSpec], *,
 
     def ask(t, round_config, global_arrays, extras, deadline_s) -> Answers:
         answers = Answers()
+        kept = holders(round_config)
         start = time.monotonic()
         for node in nodes:
             pid = node.participant_id
@@ -86,7 +88,9 @@ def ask_in_process(cfg: LensembleConfig, nodes: list[NodeSpec], *,
                 answers.failures[pid] = f"was not reached within the round deadline ({deadline_s:g} s)"
                 continue
             answers.asked += 1
-            call = _Call(participant, (cfg, node, global_arrays, round_config, extras), t)
+            # a participant that kept this round's global from its summary ask gets none, as on a grid
+            arrays = {} if pid in kept else global_arrays
+            call = _Call(participant, (cfg, node, arrays, round_config, extras), t)
             if not call.wait(left):
                 busy[pid] = call  # abandoned, as a Grid abandons a late node; never asked twice
                 answers.failures[pid] = f"did not reply within {deadline_s:g} s"

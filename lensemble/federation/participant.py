@@ -27,6 +27,7 @@ from lensemble.data.probe import probe_split_for
 from lensemble.data.store import ensure_data, probe_frames
 from lensemble.errors import DegenerateProcrustes, FolderInUse
 from lensemble.federation.bn_stats import recalibrate_on_probe
+from lensemble.federation.global_cache import DIGEST_KEY, keep_global, resolve_global
 from lensemble.federation.locks import lock_folder
 from lensemble.federation.messages import NodeSpec, Reply
 from lensemble.federation.pooling import is_summary_round, pooled_statistics, summary_round
@@ -118,7 +119,22 @@ def participant_round(cfg: LensembleConfig, node: NodeSpec, global_arrays: dict[
     # actor (process) is free, so the same silo is served by different processes in turn.
     with lock_folder(state_dir, what="participant state folder"):
         claim_state_dir(state_dir, round_config.get("run-id"))
+        # a train ask after a summary ask may send no global: the one kept from the summary ask
+        global_arrays = resolve_global(state_dir, round_config, global_arrays)
         return _participant_round(cfg, node, state_dir, global_arrays, round_config, extras)
+
+
+def round_global(node: NodeSpec, round_config: dict, global_arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The round's global arrays for ``node``: as received, or, when the ask sent none and named
+    a digest, the ones it kept from the round's summary ask (verified;
+    :mod:`lensemble.federation.global_cache`). For adapters that need the global before
+    :func:`participant_round` runs (the size a secure participant checks its update against)."""
+    state_dir = Path(node.state_dir) / node.participant_id
+    if global_arrays or not round_config.get(DIGEST_KEY):
+        return global_arrays
+    with lock_folder(state_dir, what="participant state folder"):
+        claim_state_dir(state_dir, round_config.get("run-id"))
+        return dict(resolve_global(state_dir, round_config, global_arrays))
 
 
 def _participant_round(cfg: LensembleConfig, node: NodeSpec, state_dir: Path, global_arrays: dict[str, np.ndarray],
@@ -144,7 +160,9 @@ def _participant_round(cfg: LensembleConfig, node: NodeSpec, state_dir: Path, gl
     sampler = _silo_sampler(folder, node.partition_id, cfg.train.clip_len, cfg.model.action_block)
     sketch_fn = round_sketch_fn(cfg, t, node.participant_id)
     if is_summary_round(round_config):  # the pooled objective's first ask of the round
-        return summary_round(cfg, model, sampler, sketch_fn(0), state_dir, node.participant_id, t)
+        reply = summary_round(cfg, model, sampler, sketch_fn(0), state_dir, node.participant_id, t)
+        keep_global(state_dir, t, global_arrays)  # the train ask sends only its digest
+        return reply
     stats = pooled_statistics(cfg, extras, state_dir, node.partition_id, t)
     loop = InnerLoop(model, cfg, sampler, anchor=anchor)
     if (prev := _latest_state(state_dir, t)) is not None:
@@ -218,4 +236,4 @@ def _participant_round(cfg: LensembleConfig, node: NodeSpec, state_dir: Path, gl
     return reply
 
 
-__all__ = ["participant_round", "round_sketch_fn", "make_anchor", "claim_state_dir", "LEDGER_FILE"]
+__all__ = ["participant_round", "round_global", "round_sketch_fn", "make_anchor", "claim_state_dir", "LEDGER_FILE"]

@@ -14,8 +14,10 @@ With ``objective.sigreg_scope=pooled`` or ``objective.bn_scope=pooled`` a round 
    pooled with it (fixed). So summaries are as stale as H inner steps, never older than the round.
 
 Cost per participant and round: S·(2K + 1) + 3H floats up (17,920 at S = 512, K = 17, plus
-1,536 for a 512-wide BatchNorm: ~78 KB) and one forward pass over the summary clips; the global
-model is sent once more for the summary ask (``fed/summary_bytes`` counts both ways).
+1,536 for a 512-wide BatchNorm: ~78 KB), the pooled mean down, and one forward pass over the
+summary clips. The global model goes down once: in the summary ask; each participant keeps it
+and the train ask names it by its digest instead (:mod:`lensemble.federation.global_cache`).
+``fed/summary_bytes`` counts the summary ask both ways.
 What a summary reveals, and why privacy refuses it: docs/federation.md, "The pooled objective".
 
 Under ``federation.secure_aggregation`` the summary ask runs Flower's SecAgg+ stages like the train

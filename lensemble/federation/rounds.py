@@ -18,11 +18,13 @@ ResidencyViolation or PrivacyBudgetExceeded, a broken invariant) propagates at o
 The coordinator is duck-typed: ``num_rounds``, ``next_round``, ``round_config(t)``,
 ``global_arrays()``, optional ``extras`` (public side inputs, e.g. anchor targets), optional
 ``before_ask(t)`` (called just before every ask: the DP tally counts asks durably), optional
-``pools`` with ``summary_config(t)`` and ``close_summaries(t, replies, failures, wire_bytes=[,
-secure_sum=])`` (the pooled objective's summary ask before the train ask,
-:mod:`lensemble.federation.pooling`), ``close_round(t, replies, failures, wire_bytes=, seconds=[,
-secure_sum=])`` and ``finish()``; tests drive fakes. ``secure_sum`` is passed only when the ask
-ran secure aggregation.
+``pools`` with ``summary_config(t)``, ``close_summaries(t, replies, failures, wire_bytes=[,
+secure_sum=])`` and optional ``global_cache_config(t)`` (the pooled objective's summary ask before
+the train ask, :mod:`lensemble.federation.pooling`; the train ask's round config then names the
+global by its digest for the participants that kept it, :mod:`lensemble.federation.global_cache`,
+and an ask sends those an empty global), ``close_round(t, replies, failures, wire_bytes=,
+seconds=[, secure_sum=])`` and ``finish()``; tests drive fakes. ``secure_sum`` is passed only
+when the ask ran secure aggregation.
 
 Failures are phrases that read after the participant id ("did not reply within 5 s",
 "failed: RoundError [round_failed]"), so the round line and the quorum error say what happened.
@@ -90,6 +92,10 @@ def drive_rounds(coordinator: Any, ask: AskFn, federation: FederationConfig, *, 
                     secure = {"secure_sum": summaries.secure_sum} if summaries.secure_sum is not None else {}
                     extras |= coordinator.close_summaries(t, summaries.replies, summaries.failures,
                                                           wire_bytes=summaries.wire_bytes, **secure)
+                    if hasattr(coordinator, "global_cache_config"):
+                        # those whose summary was accepted kept this global: the train ask sends
+                        # them its digest instead (federation/global_cache.py)
+                        round_config = {**round_config, **coordinator.global_cache_config(t)}
                 answers = ask(t, round_config, coordinator.global_arrays(), extras, federation.round_timeout_s)
                 seconds = time.monotonic() - started
                 # only a secure ask passes the sum: a coordinator without secure aggregation

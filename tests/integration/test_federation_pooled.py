@@ -11,7 +11,9 @@ Known answers:
 - under secure aggregation the summary ask runs SecAgg+: the coordinator receives no individual
   summary, only their sum, and the pooled mean it hands the train ask is the mean of the
   participants' own summaries within the quantisation bound; a summary outside the SecAgg+
-  coordinate range is refused by its participant, naming the range.
+  coordinate range is refused by its participant, naming the range;
+- the train ask after a summary ask sends no global to the participants that kept it (only its
+  digest), the full global to any other, and trains the same model as the in-process engine.
 """
 
 import io
@@ -35,7 +37,10 @@ from lensemble.federation import participant as participant_module
 from lensemble.federation.checks import check_federation_config
 from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.flower import server_app as server_app_module
+from lensemble.federation.flower.local_grid import LocalGrid
+from lensemble.federation.flower.records import ARRAYS, CONFIG, record_nbytes
 from lensemble.federation.flower.secagg import SecureGridAsk
+from lensemble.federation.global_cache import DIGEST_KEY, HOLDERS_KEY, global_digest
 from lensemble.federation.inprocess import run_inprocess
 from lensemble.federation.messages import NodeSpec, Reply
 from lensemble.federation.participant import participant_round
@@ -305,3 +310,95 @@ def test_the_coordinator_refuses_individual_summaries_and_a_broken_summary_sum(s
         assert float(extras[PREFIX + "ecf.cos"].max()) == pytest.approx(0.25)
     finally:
         coord.finish()
+
+
+# ---------------------------------------------------------------------------------------------
+# the train ask reuses the global the summary ask sent
+
+
+def _spy_messages(monkeypatch) -> list[dict]:
+    """Every instruction the coordinator pushes on the in-process grid: its phase, round, global
+    bytes and digest entries."""
+    sent: list[dict] = []
+    real = LocalGrid.push_messages
+
+    def push(self, messages):
+        messages = list(messages)
+        for m in messages:
+            rc = dict(m.content[CONFIG].items())
+            sent.append({"phase": rc.get("phase", "train"), "round": rc["round"], "node": m.metadata.dst_node_id,
+                         "global_bytes": record_nbytes(m.content[ARRAYS]), "keys": len(m.content[ARRAYS]),
+                         "digest": rc.get(DIGEST_KEY), "cached_by": rc.get(HOLDERS_KEY)})
+        return real(self, messages)
+
+    monkeypatch.setattr(LocalGrid, "push_messages", push)
+    return sent
+
+
+def test_the_train_ask_sends_the_digest_not_the_global_again(shared, tmp_path, monkeypatch):
+    base, _ = shared
+    cfg = load_config(base + POOLED)
+    sent = _spy_messages(monkeypatch)
+    flower = run_on_local_grid(cfg, tmp_path / "flower", progress=False)
+    monkeypatch.undo()
+    for t in range(cfg.federation.rounds):
+        summary_msgs = [m for m in sent if m["round"] == t and m["phase"] == "summary"]
+        train_msgs = [m for m in sent if m["round"] == t and m["phase"] == "train"]
+        assert len(summary_msgs) == len(train_msgs) == 2
+        full = summary_msgs[0]["global_bytes"]
+        assert full > 0 and all(m["global_bytes"] == full and m["digest"] is None for m in summary_msgs)
+        assert all(m["global_bytes"] == 0 and m["keys"] == 0 for m in train_msgs)
+        assert all(m["cached_by"] == "silo-0,silo-1" for m in train_msgs)
+        want = global_digest(to_arrays(load_checkpoint(tmp_path / "flower" / "rounds" / f"round-{t - 1:04d}" / "model")
+                                       .tensors) if t else to_arrays(load_checkpoint(cfg.federation.warmstart).tensors))
+        assert {m["digest"] for m in train_msgs} == {want}
+    # fed/comm_bytes counts what moved: the global went down once a round, in the summary ask
+    rounds = [json.loads(line) for line in (tmp_path / "flower" / "metrics.jsonl").read_text().splitlines()]
+    for r in rounds:
+        assert r["fed/summary_bytes"] > 2 * full
+        # the train ask: two updates up (about a global each), the pooled mean and probe embeddings;
+        # with the global sent again it would be two globals more
+        assert r["fed/comm_bytes"] - r["fed/summary_bytes"] < 3 * full
+    # the kept global is the global: the same model as the in-process engine's, where nothing is serialised
+    inproc = run_inprocess(cfg, tmp_path / "inprocess", progress=False)
+    assert flower["final_hash"] == inproc["final_hash"]
+
+
+def test_a_participant_that_missed_the_summary_ask_gets_the_full_global(shared, tmp_path, monkeypatch):
+    base, _ = shared
+    cfg = load_config(base + POOLED + ["federation.min_participants=1"])
+
+    def participant(cfg, node, global_arrays, round_config, extras=None):
+        if node.partition_id == 1 and round_config.get("phase") == "summary" and int(round_config["round"]) == 0:
+            raise RuntimeError("this site misses round 0's summary ask")
+        return participant_round(cfg, node, global_arrays, round_config, extras)
+
+    sent = _spy_messages(monkeypatch)
+    summary = run_on_local_grid(cfg, tmp_path / "run", progress=False, participant=participant)
+    assert summary["rounds_completed"] == 2
+    first = summary["rounds"][0]
+    assert first["fed/summary_participants"] == 1 and first["fed/participants"] == 2 and first["dropped"] == {}
+    train0 = sorted((m["global_bytes"] > 0, m["cached_by"]) for m in sent if m["round"] == 0 and m["phase"] == "train")
+    assert train0 == [(False, "silo-0"), (True, "silo-0")]  # silo-1 was sent the full global, silo-0 none
+    train1 = [m for m in sent if m["round"] == 1 and m["phase"] == "train"]
+    assert all(m["global_bytes"] == 0 and m["cached_by"] == "silo-0,silo-1" for m in train1)
+
+
+def test_a_participant_that_lost_the_kept_global_refuses_the_round_naming_the_digest(shared, tmp_path):
+    base, _ = shared
+    cfg = load_config(base + POOLED + ["federation.min_participants=1", "federation.rounds=1"])
+
+    def participant(cfg, node, global_arrays, round_config, extras=None):
+        reply = participant_round(cfg, node, global_arrays, round_config, extras)
+        if node.partition_id == 0 and round_config.get("phase") == "summary":
+            for kept in (tmp_path / "run" / "nodes" / "silo-0").glob("global-*.npz"):
+                kept.unlink()  # its state folder was reset between the two asks
+        return reply
+
+    summary = run_inprocess(cfg, tmp_path / "run", progress=False, participant=participant)
+    r = summary["rounds"][0]
+    assert r["fed/summary_participants"] == 2 and r["fed/participants"] == 1
+    assert r["dropped"] == {"silo-0": "failed: RoundError [round_failed]"}
+    node = NodeSpec(0, None, str(tmp_path / "run" / "nodes"))
+    with pytest.raises(RoundError, match=r"round 0: the train ask sent no global model but the digest 0123456789abcdef"):
+        participant_round(cfg, node, {}, {"round": 0, DIGEST_KEY: "0123456789abcdef" * 4})

@@ -45,6 +45,14 @@ def test_bench_secagg_small_prints_the_ratios(tmp_path):
                      r"seconds per round: \d+\.\d+x; seconds beyond compute: -?\d+\.\d+x", out, re.M), out
 
 
+def test_bench_pooled_small_prints_the_ratios(tmp_path):
+    out = _run("bench_pooled.py", "--small", "--rounds", "1", "--inner-steps", "1", "--warmstart-steps", "5",
+               "--workdir", str(tmp_path), "objective.summary_clips=8")
+    assert re.search(r"^ratio pooled/silo bytes per round: \d+\.\d+x \(protobuf \d+\.\d+x\); without the kept "
+                     r"global: \d+\.\d+x; seconds per round: \d+\.\d+x; seconds beyond compute: -?\d+\.\d+x",
+                     out, re.M), out
+
+
 def test_bench_drift_mask_prints_the_ratios_and_identical_reports():
     out = _run("bench_drift_mask.py", "-C", "4", "--reps", "1", timeout=120)
     assert re.search(r"ratio mask/raise \d+\.\d+; reports identical: True", out), out

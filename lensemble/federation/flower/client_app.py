@@ -51,7 +51,7 @@ from lensemble.federation.flower.secagg import (
     secure_reply_content,
 )
 from lensemble.federation.messages import NodeSpec
-from lensemble.federation.participant import participant_round
+from lensemble.federation.participant import participant_round, round_global
 from lensemble.federation.pooling import is_summary_round, summary_numel
 from lensemble.federation.pooling import secure_settings as secure_summary_settings
 from lensemble.federation.secure_agg import SecAggSettings
@@ -169,6 +169,8 @@ def _handle_train(msg: Message, context: Context, participant: Callable,
         raise ResidencyViolation("federation.secure_aggregation is on but this 'train' message is not "
                                  "part of a SecAgg+ round; the update would leave unmasked",
                                  remediation="the coordinator must run the SecAgg+ stages (SecureGridAsk)")
+    # a train ask after the summary ask may carry no global, only its digest: the one kept then
+    global_arrays = round_global(node, round_config, global_arrays)
     reply = participant(cfg, node, global_arrays, round_config, extras)
     if cfg.privacy.enabled:  # whatever participant function ran, the DP egress rule holds here
         check_private_egress({"probe_embeddings": reply.probe_embeddings, "metrics": reply.metrics})

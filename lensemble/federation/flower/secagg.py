@@ -93,6 +93,7 @@ from lensemble.federation.flower.transport import (
     GridAsk,
     Outstanding,
     error_reason_label,
+    global_for,
     raise_if_fail_closed,
     wait_for_nodes,
 )
@@ -419,7 +420,8 @@ class SecureGridAsk:
             if name == "collect masked vectors":
                 # Lensemble's own instruction (global arrays, round config, extras) replaces the
                 # legacy FitIns; the workflow adds its SecAgg+ record to it
-                state.nid_to_fitins = {nid: _instruction(global_rec, round_config, extras_rec)
+                state.nid_to_fitins = {nid: _instruction(global_for(self.labels.get(nid), round_config, global_rec),
+                                                         round_config, extras_rec)
                                        for nid in state.active_node_ids}
             try:
                 with _quiet_flower():

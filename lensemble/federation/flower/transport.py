@@ -26,7 +26,9 @@ on Ctrl-C so the ServerApp thread does not outlive the driver.
 
 ``wire_bytes`` is the serialised array data actually sent and received: the global (and extras)
 ArrayRecords once per node plus every reply's ArrayRecords (``Array.data``, the ``np.save`` bytes;
-record keys and protobuf framing are not counted).
+record keys and protobuf framing are not counted). A train ask after the pooled objective's
+summary ask sends no global to the participants that kept it (:func:`global_for`), and counts
+none for them.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from lensemble.federation.flower.records import (
     record_nbytes,
     reply_nbytes,
 )
+from lensemble.federation.global_cache import holders
 from lensemble.federation.messages import Reply, participant_id
 from lensemble.federation.rounds import Answers
 
@@ -207,6 +210,13 @@ def collect_replies(replies: Iterable[Message], node_ids: list[int], *, timeout_
     return ok, failures, received
 
 
+def global_for(participant: str | None, round_config: Mapping[str, Any], global_rec: ArrayRecord) -> ArrayRecord:
+    """What a node's instruction carries as the global: nothing for a participant that kept the
+    round's global from its summary ask (named in the round config), the global otherwise (also
+    for a node whose participant is not known yet)."""
+    return ArrayRecord() if participant is not None and participant in holders(round_config) else global_rec
+
+
 def _instruction(global_rec: ArrayRecord, round_config: Mapping[str, Any],
                  extras_rec: ArrayRecord | None) -> RecordDict:
     content = RecordDict({ARRAYS: copy_record(global_rec), CONFIG: config_to_record(round_config)})
@@ -283,10 +293,13 @@ class GridAsk:
                                   deadline_s=deadline_s, busy=self._reap, cancel=self.cancel)
         global_rec = arrays_to_record(global_arrays)
         extras_rec = arrays_to_record(extras) if extras else None
-        messages = [Message(_instruction(global_rec, round_config, extras_rec), nid, TRAIN,
+        # a participant that kept this round's global from its summary ask gets none (its digest
+        # is in the round config: federation/global_cache.py)
+        recs = {nid: global_for(self.labels.get(nid), round_config, global_rec) for nid in node_ids}
+        messages = [Message(_instruction(recs[nid], round_config, extras_rec), nid, TRAIN,
                             ttl=deadline_s + TTL_MARGIN_S, group_id=str(t))
                     for nid in node_ids]
-        per_node = record_nbytes(global_rec) + (record_nbytes(extras_rec) if extras_rec is not None else 0)
+        extras_bytes = record_nbytes(extras_rec) if extras_rec is not None else 0
         ids = list(self.grid.push_messages(messages))
         ids += [None] * (len(node_ids) - len(ids))  # a grid reports a message it could not push as None
         pending = {str(mid): nid for mid, nid in zip(ids, node_ids, strict=False) if mid}
@@ -326,9 +339,9 @@ class GridAsk:
                 who = self.labels.get(nid, f"node-{nid}")
                 failures[who] = (f"is still busy with round {o.round_index} (no reply for "
                                  f"{time.monotonic() - o.sent:.0f} s); not asked")
-        return Answers(replies=ok, failures=failures, asked=len(node_ids),
-                       wire_bytes=per_node * len(messages) + received)
+        sent_bytes = sum(record_nbytes(recs[nid]) + extras_bytes for nid in node_ids)
+        return Answers(replies=ok, failures=failures, asked=len(node_ids), wire_bytes=sent_bytes + received)
 
 
-__all__ = ["GridAsk", "Outstanding", "wait_for_nodes", "collect_replies", "raise_if_fail_closed",
+__all__ = ["GridAsk", "Outstanding", "global_for", "wait_for_nodes", "collect_replies", "raise_if_fail_closed",
            "error_reason_label"]
