@@ -38,7 +38,7 @@ os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_secagg import MICRO_DATA, ProtoCounter, _metric, run_once  # noqa: E402
+from bench_secagg import ProtoCounter, add_pair_args, alternate_runs, warm_base  # noqa: E402
 
 BN = ["model.projector_norm=batchnorm", "model.input_norm=global"]
 POOLED = ["objective.sigreg_scope=pooled", "objective.bn_scope=pooled"]
@@ -46,15 +46,8 @@ POOLED = ["objective.sigreg_scope=pooled", "objective.bn_scope=pooled"]
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--small", action="store_true", help="experiment=micro for everything")
-    ap.add_argument("--engine", default="flower-inprocess", choices=["flower-inprocess", "ray"])
+    add_pair_args(ap, pair="silo/pooled", workdir="/tmp/lensemble-bench-pooled")
     ap.add_argument("--secure", action="store_true", help="both runs under federation.secure_aggregation")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--inner-steps", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=1, help="silo/pooled pairs, order alternating")
-    ap.add_argument("--warmstart-steps", type=int, default=20)
-    ap.add_argument("--workdir", default="/tmp/lensemble-bench-pooled")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides for both runs (e.g. objective.summary_clips=64)")
     args = ap.parse_args()
 
     import torch
@@ -64,38 +57,17 @@ def main() -> int:
     from lensemble.federation.flower.records import arrays_to_record, record_nbytes
     from lensemble.federation.pooling import summary_numel
     from lensemble.federation.state import to_arrays
-    from lensemble.training.warmstart import train_warmstart
 
     torch.set_num_threads(1)
     work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    base = (["experiment=micro"] if args.small else list(MICRO_DATA)) + BN + [
-        f"data.root={work / 'data'}", f"federation.rounds={args.rounds}",
-        f"federation.inner_steps={args.inner_steps}", f"train.warmstart_steps={args.warmstart_steps}",
-        *(["federation.secure_aggregation=true"] if args.secure else []), *args.overrides]
-    ws = train_warmstart(load_config(base), run_dir=work / "warmstart", progress=False)
-    base.append(f"federation.warmstart={ws.checkpoint_dir}")
+    base, ws = warm_base(args, work, BN + (["federation.secure_aggregation=true"] if args.secure else []))
     cfgs = {"silo": load_config(base), "pooled": load_config(base + POOLED)}
     global_bytes = record_nbytes(arrays_to_record(to_arrays(load_checkpoint(ws.checkpoint_dir).tensors)))
     proto = ProtoCounter()
     if args.engine == "flower-inprocess":
         proto.install()
 
-    keys = ("bytes", "summary", "seconds", "overhead", "proto")
-    results: dict[str, dict[str, list[float]]] = {k: {m: [] for m in keys} for k in cfgs}
-    for rep in range(args.reps):
-        order = ("silo", "pooled") if rep % 2 == 0 else ("pooled", "silo")
-        for name in order:
-            rows = run_once(cfgs[name], work / f"run-{name}", args.engine)
-            results[name]["bytes"] += _metric(rows, "fed/comm_bytes")
-            results[name]["summary"] += _metric(rows, "fed/summary_bytes")
-            secs = _metric(rows, "fed/round_seconds")
-            comp = _metric(rows, "fed/max_compute_seconds")
-            results[name]["seconds"] += secs
-            results[name]["overhead"] += [a - b for a, b in zip(secs, comp, strict=True)]
-            total = proto.take()
-            if total:
-                results[name]["proto"].append(total / max(len(rows), 1))
+    results = alternate_runs(cfgs, args, work, proto, {"summary": "fed/summary_bytes"})
 
     cfg = cfgs["pooled"]
     c = cfg.data.num_silos

@@ -84,16 +84,60 @@ def _metric(rows: list[dict], key: str) -> list[float]:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_pair_args(ap: argparse.ArgumentParser, *, pair: str, workdir: str) -> None:
+    """The flags every two-arm federation benchmark here takes (this one and bench_pooled.py)."""
     ap.add_argument("--small", action="store_true", help="experiment=micro for everything")
     ap.add_argument("--engine", default="flower-inprocess", choices=["flower-inprocess", "ray"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--inner-steps", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=1, help="plaintext/secure pairs, order alternating")
+    ap.add_argument("--reps", type=int, default=1, help=f"{pair} pairs, order alternating")
     ap.add_argument("--warmstart-steps", type=int, default=20)
-    ap.add_argument("--workdir", default="/tmp/lensemble-bench-secagg")
+    ap.add_argument("--workdir", default=workdir)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for both runs")
+
+
+def warm_base(args, work: Path, extra: list[str] = ()) -> tuple[list[str], object]:
+    """(overrides both arms share, ending with the warm start they share; the warm start's TrainResult)."""
+    from lensemble.config import load_config
+    from lensemble.training.warmstart import train_warmstart
+
+    work.mkdir(parents=True, exist_ok=True)
+    base = (["experiment=micro"] if args.small else list(MICRO_DATA)) + list(extra) + [
+        f"data.root={work / 'data'}", f"federation.rounds={args.rounds}",
+        f"federation.inner_steps={args.inner_steps}", f"train.warmstart_steps={args.warmstart_steps}",
+        *args.overrides]
+    ws = train_warmstart(load_config(base), run_dir=work / "warmstart", progress=False)
+    return base + [f"federation.warmstart={ws.checkpoint_dir}"], ws
+
+
+def alternate_runs(cfgs: dict, args, work: Path, proto: "ProtoCounter",
+                   extra_metrics: dict[str, str] | None = None) -> dict[str, dict[str, list[float]]]:
+    """Run the two arms of ``cfgs`` ``args.reps`` times in alternating order; per arm, per round:
+    bytes, seconds, seconds beyond the slowest participant's compute, protobuf bytes, and any
+    ``extra_metrics`` (result key -> metric name)."""
+    extra_metrics = extra_metrics or {}
+    keys = ("bytes", "seconds", "overhead", "proto", *extra_metrics)
+    results: dict[str, dict[str, list[float]]] = {k: {m: [] for m in keys} for k in cfgs}
+    names = list(cfgs)
+    for rep in range(args.reps):
+        for name in (names if rep % 2 == 0 else names[::-1]):
+            rows = run_once(cfgs[name], work / f"run-{name}", args.engine)
+            results[name]["bytes"] += _metric(rows, "fed/comm_bytes")
+            for key, metric in extra_metrics.items():
+                results[name][key] += _metric(rows, metric)
+            secs = _metric(rows, "fed/round_seconds")
+            comp = _metric(rows, "fed/max_compute_seconds")
+            results[name]["seconds"] += secs
+            results[name]["overhead"] += [a - b for a, b in zip(secs, comp, strict=True)]
+            total = proto.take()
+            if total:
+                results[name]["proto"].append(total / max(len(rows), 1))
+    return results
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_pair_args(ap, pair="plaintext/secure", workdir="/tmp/lensemble-bench-secagg")
     args = ap.parse_args()
 
     import torch
@@ -102,17 +146,10 @@ def main() -> int:
     from lensemble.config import load_config
     from lensemble.federation.secure_agg import SecAggSettings
     from lensemble.federation.state import federated_keys
-    from lensemble.training.warmstart import train_warmstart
 
     torch.set_num_threads(1)
     work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    base = (["experiment=micro"] if args.small else list(MICRO_DATA)) + [
-        f"data.root={work / 'data'}", f"federation.rounds={args.rounds}",
-        f"federation.inner_steps={args.inner_steps}", f"train.warmstart_steps={args.warmstart_steps}",
-        *args.overrides]
-    ws = train_warmstart(load_config(base), run_dir=work / "warmstart", progress=False)
-    base.append(f"federation.warmstart={ws.checkpoint_dir}")
+    base, ws = warm_base(args, work)
     cfgs = {"plain": load_config(base), "secure": load_config(base + ["federation.secure_aggregation=true"])}
     s = SecAggSettings.from_config(cfgs["secure"].federation)
     warm = load_checkpoint(ws.checkpoint_dir).tensors
@@ -122,21 +159,7 @@ def main() -> int:
     if args.engine == "flower-inprocess":
         proto.install()
 
-    results: dict[str, dict[str, list[float]]] = {k: {"bytes": [], "seconds": [], "overhead": [], "proto": []}
-                                                  for k in cfgs}
-    for rep in range(args.reps):
-        order = ("plain", "secure") if rep % 2 == 0 else ("secure", "plain")
-        for name in order:
-            rows = run_once(cfgs[name], work / f"run-{name}", args.engine)
-            rounds = len(rows)
-            results[name]["bytes"] += _metric(rows, "fed/comm_bytes")
-            secs = _metric(rows, "fed/round_seconds")
-            comp = _metric(rows, "fed/max_compute_seconds")
-            results[name]["seconds"] += secs
-            results[name]["overhead"] += [a - b for a, b in zip(secs, comp, strict=True)]
-            total = proto.take()
-            if total:
-                results[name]["proto"].append(total / max(rounds, 1))
+    results = alternate_runs(cfgs, args, work, proto)
 
     cfg = cfgs["plain"]
     print(f"\nsecure aggregation benchmark: engine {args.engine}, C = {cfg.data.num_silos}, "

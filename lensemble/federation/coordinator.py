@@ -31,8 +31,6 @@ from lensemble.errors import (
     DegenerateProcrustes,
     PrivacyBudgetExceeded,
     ProbeError,
-    ResidencyViolation,
-    SecureSumRejected,
 )
 from lensemble.federation.bn_stats import recalibrate_on_probe
 from lensemble.federation.checks import check_federation_config
@@ -46,7 +44,13 @@ from lensemble.federation.privacy import PrivacyLedger, ReleaseTally
 from lensemble.federation.pseudograd import Layout
 from lensemble.federation.secure_agg import SecAggSettings, SecureSum, check_secure_sum, mean_from_sum
 from lensemble.federation.state import federated_keys, split_state, to_arrays
-from lensemble.federation.validation import Update, require_quorum, validate_embeddings, validate_updates
+from lensemble.federation.validation import (
+    Update,
+    check_contributors,
+    refuse_individual,
+    require_quorum,
+    validate_updates,
+)
 from lensemble.gauge.anchor import FrameAnchor
 from lensemble.gauge.distill import aligned_consensus, distill_encoder
 from lensemble.gauge.drift import GLOBAL_KEY, frame_drift
@@ -432,15 +436,7 @@ class Coordinator:
         if not self.cfg.federation.secure_aggregation:
             raise ConfigError(f"round {t} came as a secure sum but federation.secure_aggregation is off",
                               remediation="run the coordinator with the config the participants were asked with")
-        if secure_sum is None:
-            raise ResidencyViolation(f"round {t}: federation.secure_aggregation is on but the round came "
-                                     "with individual updates, not a SecAgg+ sum",
-                                     remediation="secure aggregation runs on the Flower engines "
-                                                 "(--engine ray or flower-inprocess)")
-        holding = sorted(pid for pid, r in replies.items() if r.payload)
-        if holding:
-            raise ResidencyViolation(f"round {t}: replies of {holding} carry an individual update under "
-                                     "secure aggregation")
+        refuse_individual(t, replies, secure_sum, "update", "updates")
         settings = SecAggSettings.from_config(self.cfg.federation)
         layout = Layout.of(self.outer.params)
         contributors = list(secure_sum.contributors)
@@ -451,15 +447,7 @@ class Coordinator:
         mean = mean_from_sum(secure_sum.total, len(contributors), layout)
         # Their updates are in the sum whatever their side data; only usable side data (the
         # probe embeddings) enters drift and distillation.
-        accepted = []
-        for pid in sorted(contributors):
-            r = replies.get(pid)
-            why = ("sent no reply record" if r is None else
-                   f"wrong round {r.round_index}" if r.round_index != t else
-                   validate_embeddings(r.probe_embeddings, (rows, self.cfg.model.latent_dim)))
-            if why:
-                raise SecureSumRejected(f"round {t}: {pid} is in the sum but its reply is unusable ({why})")
-            accepted.append(pid)
+        accepted = check_contributors(t, contributors, replies, (rows, self.cfg.model.latent_dim), "sum")
         metrics = {**checked, "fed/secagg_participants": len(contributors), "fed/secagg_clip_range": settings.clip_range,
                    "fed/secagg_bits": settings.bits, "fed/secagg_mean_error_bound": settings.mean_error_bound()}
         return mean, accepted, dropped, metrics

@@ -40,12 +40,18 @@ import torch
 
 from lensemble.config.schema import LensembleConfig
 from lensemble.config.seeds import torch_generator
-from lensemble.errors import ResidencyViolation, RoundError, SecureSumRejected
+from lensemble.errors import RoundError, SecureSumRejected
 from lensemble.federation.codec import encode_delta
 from lensemble.federation.messages import Reply
 from lensemble.federation.pseudograd import Layout, unflatten
 from lensemble.federation.secure_agg import SecAggSettings, SecureSum, check_secure_sum
-from lensemble.federation.validation import Update, require_quorum, validate_embeddings, validate_updates
+from lensemble.federation.validation import (
+    Update,
+    check_contributors,
+    refuse_individual,
+    require_quorum,
+    validate_updates,
+)
 from lensemble.model.objective import BatchStatistics
 from lensemble.model.pooled import MOMENT_FIELDS, SiloSummary, others_pooling
 from lensemble.training.pooling import pools_anything, pools_batchnorm, pools_sigreg, summarise
@@ -155,15 +161,7 @@ def close_secure_summaries(cfg: LensembleConfig, t: int, replies: dict[str, Repl
     (SecureSumRejected otherwise, nothing is pooled). The mean is S / C times the divisors;
     ``pooled.members`` are the contributors.
     """
-    if secure_sum is None:
-        raise ResidencyViolation(f"round {t}: federation.secure_aggregation is on but the summary ask came "
-                                 "with individual summaries, not a SecAgg+ sum",
-                                 remediation="secure aggregation runs on the Flower engines "
-                                             "(--engine ray or flower-inprocess)")
-    holding = sorted(pid for pid, r in replies.items() if r.payload)
-    if holding:
-        raise ResidencyViolation(f"round {t}: summary replies of {holding} carry an individual summary under "
-                                 "secure aggregation")
+    refuse_individual(t, replies, secure_sum, "summary", "summaries")
     settings = secure_settings(cfg)
     template, divisors = summary_template(cfg), secure_summary_divisors(cfg)
     contributors = sorted(secure_sum.contributors)
@@ -171,13 +169,7 @@ def close_secure_summaries(cfg: LensembleConfig, t: int, replies: dict[str, Repl
                    failures=dict(failures))
     layout = Layout.of(template)
     checked = check_secure_sum(secure_sum.total, len(contributors), layout.numel, settings, round_index=t)
-    for pid in contributors:
-        r = replies.get(pid)
-        why = ("sent no reply record" if r is None else
-               f"wrong round {r.round_index}" if r.round_index != t else
-               validate_embeddings(r.probe_embeddings, (0, cfg.model.latent_dim)))
-        if why:
-            raise SecureSumRejected(f"round {t}: {pid} is in the summary sum but its reply is unusable ({why})")
+    check_contributors(t, contributors, replies, (0, cfg.model.latent_dim), "summary sum")
     mean64 = np.asarray(secure_sum.total, dtype=np.float64) / float(len(contributors))
     scaled = unflatten(torch.from_numpy(mean64), layout)
     q = settings.quantum

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from lensemble.errors import FaultToleranceExceeded, ResidencyViolation, RoundError
+from lensemble.errors import FaultToleranceExceeded, ResidencyViolation, RoundError, SecureSumRejected
 from lensemble.federation.codec import FP32_KEYS, INT8_KEYS, decode_delta, payload_nbytes
 from lensemble.federation.outer import ParticipantId
 from lensemble.federation.pseudograd import Layout, StateDict
@@ -144,6 +144,37 @@ def validate_updates(
             continue
         result.accepted[pid] = delta
     return result
+
+
+def refuse_individual(round_index: int, replies: Mapping[str, object], secure_sum, what: str, plural: str) -> None:
+    """Under secure aggregation: ResidencyViolation when the ask came without a SecAgg+ sum or a
+    reply carries an individual ``what`` ("update", "summary"; ``plural`` its plural) in the clear."""
+    if secure_sum is None:
+        raise ResidencyViolation(f"round {round_index}: federation.secure_aggregation is on but the round came "
+                                 f"with individual {plural}, not a SecAgg+ sum",
+                                 remediation="secure aggregation runs on the Flower engines "
+                                             "(--engine ray or flower-inprocess)")
+    holding = sorted(pid for pid, r in replies.items() if r.payload)
+    if holding:
+        raise ResidencyViolation(f"round {round_index}: replies of {holding} carry an individual {what} under "
+                                 "secure aggregation")
+
+
+def check_contributors(round_index: int, contributors: Iterable[str], replies: Mapping[str, object],
+                       embedding_shape: tuple[int, int], what: str) -> list[str]:
+    """The sorted contributors of a secure sum, each with a usable reply record (this round, probe
+    embeddings of ``embedding_shape``); SecureSumRejected naming the first that has none: its
+    contribution is in the ``what`` sum whatever its side data, so the round cannot be used."""
+    accepted = []
+    for pid in sorted(contributors):
+        r = replies.get(pid)
+        why = ("sent no reply record" if r is None else
+               f"wrong round {r.round_index}" if r.round_index != round_index else
+               validate_embeddings(r.probe_embeddings, embedding_shape))
+        if why:
+            raise SecureSumRejected(f"round {round_index}: {pid} is in the {what} but its reply is unusable ({why})")
+        accepted.append(pid)
+    return accepted
 
 
 def describe_failures(failures: Mapping[str, str]) -> str:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from lensemble.config.schema import GaugeConfig, ObjectiveConfig
 from lensemble.config.seeds import torch_generator
 from lensemble.model.pooled import Pooling, pooled_batchnorm, pooled_sigreg
-from lensemble.model.sigreg import make_sketch, sigreg
+from lensemble.model.sigreg import make_sketch
 
 AnchorFn = Callable[[torch.nn.Module], torch.Tensor]
 
@@ -179,11 +179,12 @@ class JEPAObjective:
         pred = model.predictor(z[:, :-1], actions.to(z.dtype))
         target = z[:, 1:].detach() if cfg.stop_gradient else z[:, 1:]
         pred_loss = F.mse_loss(pred.float(), target.float())
-        if len(shares) == 1 or (stats.sigreg_per_share or stats.pooling is not None):
-            sig = sum(pooled_sigreg(z[sl], sketch, stats.pooling_of(i), knots=cfg.sigreg_knots, t_max=cfg.sigreg_t_max)
-                      for i, sl in enumerate(shares))
-        else:  # shares that share one SIGReg (the control, or BatchNorm-only per share)
-            sig = sigreg(z, sketch, knots=cfg.sigreg_knots, t_max=cfg.sigreg_t_max)
+        if len(shares) > 1 and (stats.sigreg_per_share or stats.pooling is not None):
+            sig = torch.stack([pooled_sigreg(z[sl], sketch, stats.pooling_of(i), knots=cfg.sigreg_knots,
+                                             t_max=cfg.sigreg_t_max) for i, sl in enumerate(shares)]).sum()
+        else:  # one share (pooled with the others' summary, if any), or shares that share one SIGReg
+            sig = pooled_sigreg(z, sketch, stats.pooling_of(0) if len(shares) == 1 else None,
+                                knots=cfg.sigreg_knots, t_max=cfg.sigreg_t_max)
         total = cfg.lambda_pred * pred_loss + cfg.lambda_sig * sig
         if self.anchor is not None and self.lambda_anc > 0:
             anc = self.anchor(model).float()

@@ -37,7 +37,8 @@ from torch import nn
 from lensemble.model.sigreg import _knot_weights, sigreg
 
 #: Names under which a summary travels (np arrays; see :meth:`SiloSummary.to_arrays`).
-ECF_KEYS = ("ecf.cos", "ecf.sin", "ecf.mean")
+ECF_FIELDS = ("cos", "sin", "mean")
+ECF_KEYS = tuple(f"ecf.{f}" for f in ECF_FIELDS)
 MOMENT_FIELDS = ("mean", "var", "meansq")
 
 
@@ -53,9 +54,6 @@ class EcfSummary:
     cos: torch.Tensor
     sin: torch.Tensor
     mean: torch.Tensor
-
-    def detach(self) -> "EcfSummary":
-        return EcfSummary(self.cos.detach(), self.sin.detach(), self.mean.detach())
 
 
 @dataclass
@@ -219,8 +217,8 @@ class SiloSummary:
         ``bn.<i>.mean`` / ``bn.<i>.var`` / ``bn.<i>.meansq`` (H,) per BatchNorm layer i."""
         out: dict[str, np.ndarray] = {}
         if self.ecf is not None:
-            for key, value in zip(ECF_KEYS, (self.ecf.cos, self.ecf.sin, self.ecf.mean), strict=True):
-                out[key] = value.detach().cpu().numpy().astype(np.float32)
+            for f in ECF_FIELDS:
+                out[f"ecf.{f}"] = getattr(self.ecf, f).detach().cpu().numpy().astype(np.float32)
         for i, m in enumerate(self.bn or []):
             for f in MOMENT_FIELDS:
                 out[f"bn.{i}.{f}"] = getattr(m, f).detach().cpu().numpy().astype(np.float32)
@@ -228,9 +226,7 @@ class SiloSummary:
 
     def scaled(self, k: float) -> "SiloSummary":
         """Every entry times ``k`` (a sum over C parties times 1/C is their pooled mean)."""
-        ecf = EcfSummary(self.ecf.cos * k, self.ecf.sin * k, self.ecf.mean * k) if self.ecf is not None else None
-        bn = [Moments(*(getattr(m, f) * k for f in MOMENT_FIELDS)) for m in self.bn] if self.bn is not None else None
-        return SiloSummary(ecf, bn)
+        return _fieldwise(lambda x: x * k, self)
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "SiloSummary":
@@ -243,17 +239,20 @@ class SiloSummary:
         return cls(ecf, bn)
 
 
+def _fieldwise(fn, *summaries: SiloSummary) -> SiloSummary:
+    """The summary whose every field is ``fn`` of the same field of ``summaries`` (which share a
+    layout: the first one's ECF / BatchNorm parts decide which parts there are)."""
+    first = summaries[0]
+    ecf = None if first.ecf is None else EcfSummary(
+        *(fn(*(getattr(s.ecf, f) for s in summaries)) for f in ECF_FIELDS))
+    bn = None if first.bn is None else [
+        Moments(*(fn(*(getattr(s.bn[i], f) for s in summaries)) for f in MOMENT_FIELDS)) for i in range(len(first.bn))]
+    return SiloSummary(ecf, bn)
+
+
 def sum_summaries(summaries: Sequence[SiloSummary]) -> SiloSummary:
     """The element-wise sum of parties' summaries (what secure aggregation would reveal)."""
-    first = summaries[0]
-    ecf = None
-    if first.ecf is not None:
-        ecf = EcfSummary(*(torch.stack([getattr(s.ecf, f) for s in summaries]).sum(0) for f in ("cos", "sin", "mean")))
-    bn = None
-    if first.bn is not None:
-        bn = [Moments(*(torch.stack([getattr(s.bn[i], f) for s in summaries]).sum(0) for f in MOMENT_FIELDS))
-              for i in range(len(first.bn))]
-    return SiloSummary(ecf, bn)
+    return _fieldwise(lambda *xs: torch.stack(xs).sum(0), *summaries)
 
 
 def others_pooling(pooled_mean: SiloSummary, own: SiloSummary | None, parties: int) -> Pooling:
@@ -262,22 +261,12 @@ def others_pooling(pooled_mean: SiloSummary, own: SiloSummary | None, parties: i
 
     Σ_others = C·mean − own (own in the pool) or C·mean (own not in it, C+1 parties then).
     """
-    c = int(parties)
+    c = float(parties)
     if own is None:
-        scale, total = float(c), c + 1
-        minus = None
+        others = _fieldwise(lambda m: m * c, pooled_mean)
     else:
-        scale, total = float(c), c
-        minus = own
-    ecf = bn = None
-    if pooled_mean.ecf is not None:
-        parts = [getattr(pooled_mean.ecf, f) * scale - (getattr(minus.ecf, f) if minus is not None else 0)
-                 for f in ("cos", "sin", "mean")]
-        ecf = EcfSummary(*parts)
-    if pooled_mean.bn is not None:
-        bn = [Moments(*(getattr(m, f) * scale - (getattr(minus.bn[i], f) if minus is not None else 0)
-                        for f in MOMENT_FIELDS)) for i, m in enumerate(pooled_mean.bn)]
-    return Pooling(parties=total, ecf=ecf, bn=bn)
+        others = _fieldwise(lambda m, o: m * c - o, pooled_mean, own)
+    return Pooling(parties=int(parties) + (own is None), ecf=others.ecf, bn=others.bn)
 
 
 __all__ = ["ECF_KEYS", "EcfSummary", "Moments", "Pooling", "PoolableBatchNorm1d", "SiloSummary", "ecf_summary",

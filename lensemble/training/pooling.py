@@ -52,6 +52,12 @@ def pools_anything(cfg: LensembleConfig) -> bool:
     return pools_sigreg(cfg) or pools_batchnorm(cfg)
 
 
+def pools_across_shares(cfg: LensembleConfig) -> bool:
+    """Whether centralized training pools per-silo shares with the other shares' summaries (the
+    per-silo control with the remedy), refreshed every ``federation.inner_steps`` steps."""
+    return cfg.train.silo_batches and cfg.train.silo_statistics != "none" and pools_anything(cfg)
+
+
 def freeze_batchnorm(cfg: LensembleConfig) -> bool:
     """FixBN: BatchNorm normalises training batches with the running statistics (eval mode)."""
     return cfg.objective.bn_scope == "frozen" or cfg.model.encoder_frozen
@@ -94,7 +100,7 @@ def summarise(model, obs: torch.Tensor, sketch: torch.Tensor, cfg: LensembleConf
             mean = sum(wi * m.mean for wi, m in zip(w, rec, strict=True))
             var = sum(wi * (m.var + (m.mean - mean).square()) for wi, m in zip(w, rec, strict=True))
             bn.append(Moments(mean, var, mean.square()))
-    return SiloSummary(ecf.detach() if ecf is not None else None, bn)
+    return SiloSummary(ecf, bn)  # no_grad: nothing to detach
 
 
 class ShareSampler:
@@ -137,7 +143,7 @@ def central_statistics(cfg: LensembleConfig, model, sampler, source: str) -> Cal
     shares = sampler.share_sizes(t.batch_size)
     bn_per = t.silo_statistics in ("batchnorm", "both")
     sig_per = t.silo_statistics in ("sigreg", "both")
-    pool = pools_anything(cfg) and t.silo_statistics != "none"
+    pool = pools_across_shares(cfg)
     every = cfg.federation.inner_steps
     cache: dict[str, object] = {"at": None, "pooling": None}
 
@@ -156,5 +162,5 @@ def central_statistics(cfg: LensembleConfig, model, sampler, source: str) -> Cal
     return stats
 
 
-__all__ = ["SUMMARY_CHUNK", "ShareSampler", "central_statistics", "freeze_batchnorm", "pools_anything",
+__all__ = ["SUMMARY_CHUNK", "ShareSampler", "central_statistics", "freeze_batchnorm", "pools_across_shares", "pools_anything",
            "pools_batchnorm", "pools_sigreg", "summarise"]

@@ -25,7 +25,7 @@ from lensemble.observability.metrics import MetricsSink
 from lensemble.observability.progress import progress_bar
 from lensemble.training.datasets import training_sampler
 from lensemble.training.loop import InnerLoop
-from lensemble.training.pooling import central_statistics, pools_sigreg
+from lensemble.training.pooling import central_statistics, pools_across_shares, pools_sigreg
 
 
 def recalibrate_for_checkpoint(model, cfg: LensembleConfig, sampler, source: str, step: int) -> int:
@@ -111,7 +111,7 @@ def train_local(
 
     stats = central_statistics(cfg, model, sampler, source)
     h = cfg.federation.inner_steps
-    pooled_ecf = cfg.train.silo_batches and cfg.train.silo_statistics != "none" and pools_sigreg(cfg)
+    pooled_ecf = pools_across_shares(cfg) and pools_sigreg(cfg)
 
     def sketch(i: int) -> torch.Tensor:
         if pooled_ecf:  # summaries hold for one sketch: one per refresh period, as a round shares one
