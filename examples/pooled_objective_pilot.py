@@ -21,6 +21,13 @@ data and trains the warm start ONCE; every arm starts from that warm start:
     fed-bn-frozen           objective.bn_scope=frozen (FixBN)
     fed-pooled              sigreg pooled + bn pooled
     fed-pooled-frozen       sigreg pooled + bn frozen
+    fed-pooled-h10 / -h200  fed-pooled at H = 10 (20 rounds) and H = 200 (1 round): the summaries'
+                            staleness at the same 200 steps per participant
+    random, oracle          the floors on the same tasks: random actions, and the true dynamics
+                            (the environment's own simulator as the planner's model)
+
+The room study's preset pins the per-silo objective (objective.sigreg_scope=silo, bn_scope=batch;
+amendment 5), so fed-silo is the study's federation; the other arms switch the scopes on.
 
 Every checkpoint is scored as the room study scores it (lensemble/study/runner.py: `evaluate`,
 split heldout, the study's ladder settings, eval.episodes tasks; goal-spec hashes checked equal
@@ -112,7 +119,15 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     # staleness of the summaries: H = 10 and 200 at the same 200 steps per participant
     "fed-sigreg-h10": ("fed", [SP, "federation.rounds=20", "federation.inner_steps=10"]),
     "fed-sigreg-h200": ("fed", [SP, "federation.rounds=1", "federation.inner_steps=200"]),
+    "fed-pooled-h10": ("fed", [SP, BN + "pooled", "federation.rounds=20", "federation.inner_steps=10"]),
+    "fed-pooled-h200": ("fed", [SP, BN + "pooled", "federation.rounds=1", "federation.inner_steps=200"]),
+    # the floors: the warm start's checkpoint played by another policy (its model unused)
+    "random": ("floor", []),
+    "oracle": ("floor", []),
 }
+#: The room study's pins of the per-silo objective (amendment 5) sit at the schema's defaults: the
+#: configs and hashes are those of the stages cached before the pins, so cache keys leave them out.
+PER_SILO_PINS = ("objective.sigreg_scope=silo", "objective.bn_scope=batch")
 FED = [a for a, (k, _) in ARMS.items() if k == "fed"]
 #: (A, B) pairs compared on shared tasks: A − B with exact McNemar.
 COMPARISONS = ([("central-persilo", "central-control"), ("central-persilo-remedy", "central-control")]
@@ -139,6 +154,10 @@ def base_overrides(seed: int, out: Path) -> list[str]:
             f"data.root={out / 'data'}"]
 
 
+def keyed(overrides: list[str]) -> list[str]:
+    return [o for o in overrides if o not in PER_SILO_PINS]
+
+
 def arm_overrides(arm: str) -> list[str]:
     kind, extra = ARMS[arm]
     return ([f"train.steps={CENTRAL_STEPS}"] if kind == "central" else []) + extra
@@ -147,6 +166,9 @@ def arm_overrides(arm: str) -> list[str]:
 # ---------------------------------------------------------------------------------- cost model
 def arm_cost(arm: str, cfg) -> dict:
     kind = ARMS[arm][0]
+    if kind == "floor":  # no model to train or probe; the episodes cost about a planned one's
+        return {"train_cpu_s": 0.0, "eval_cpu_s": cfg.eval.episodes * CPU_S["episode"],
+                "cpu_s": cfg.eval.episodes * CPU_S["episode"]}
     if kind == "warm":
         train = cfg.train.warmstart_steps * CPU_S["central_step_b64"]
     elif kind in ("central", "local"):
@@ -209,14 +231,14 @@ def collect(seed: int, base: list[str], folder: Path) -> dict:
     def run():
         data_folder, _ = ensure_data(cfg, progress=False)
         return {"data_folder": str(data_folder)}
-    key = json_digest({"stage": "data", "overrides": base})[:12]
+    key = json_digest({"stage": "data", "overrides": keyed(base)})[:12]
     rec = cached(folder / f"data-{key}.json", run)
     say(f"seed {seed}: data {rec['data_folder']} ({rec['wall_seconds']} s wall)")
     return rec
 
 
 def train_warm(seed: int, base: list[str], folder: Path) -> dict:
-    key = json_digest({"stage": "warmstart", "overrides": base})[:12]
+    key = json_digest({"stage": "warmstart", "overrides": keyed(base)})[:12]
     run_dir = folder / f"warmstart-{key}"
 
     def run():
@@ -231,7 +253,7 @@ def train_warm(seed: int, base: list[str], folder: Path) -> dict:
 
 def train_arm(seed: int, arm: str, base: list[str], folder: Path, warm: dict, engine: str) -> dict:
     kind, over = ARMS[arm][0], arm_overrides(arm)
-    key = json_digest({"stage": arm, "kind": kind, "overrides": [*base, *over], "warm": warm["checkpoint_hash"]})[:12]
+    key = json_digest({"stage": arm, "kind": kind, "overrides": keyed([*base, *over]), "warm": warm["checkpoint_hash"]})[:12]
     run_dir = folder / f"{arm}-{key}"
 
     def central():
@@ -297,9 +319,19 @@ def room_measures(model, cfg, data_folder: Path) -> dict:
 def score(seed: int, arm: str, rec: dict, cfg, folder: Path, data_folder: Path, episodes: int) -> dict:
     """The study's evaluation of ``rec``'s checkpoint, plus the room measures (cached)."""
     ev = load_study_spec("region").evaluation
+    floor = ARMS[arm][0] == "floor"
     key = json_digest({"checkpoint": rec["checkpoint_hash"], "eval": cfg.eval.model_dump(mode="json"),
                        "data": cfg.data.model_dump(mode="json"), "episodes": episodes,
-                       "settings": ev.model_dump(mode="json")})[:12]
+                       "settings": ev.model_dump(mode="json"), **({"policy": arm} if floor else {})})[:12]
+
+    def run_floor():
+        say(f"seed {seed}: playing the {ev.split} tasks with {arm} actions ...")
+        rep = evaluate(rec["checkpoint"], cfg.env.id, cfg=cfg, episodes=episodes, policy=arm, ladder=False,
+                       split=ev.split, progress=False, parallel=ev.parallel)
+        eps = sorted(rep.episodes, key=lambda e: e.index)
+        return {"arm": arm, "checkpoint_hash": rec["checkpoint_hash"], "goal_spec_hash": rep.goal_spec_hash,
+                "success": [bool(e.success) for e in eps], "report": {}, "room_separation": None,
+                "cross_room_x_r2": None, "own_room_x_r2": {}}
 
     def run():
         say(f"seed {seed}: evaluating {arm} on {episodes} {ev.split} tasks (+ ladder) ...")
@@ -313,7 +345,7 @@ def score(seed: int, arm: str, rec: dict, cfg, folder: Path, data_folder: Path, 
         scal = {k: v for k, v in json.loads(rep.to_json()).items() if isinstance(v, (int, float, str)) or v is None}
         return {"arm": arm, "checkpoint_hash": rec["checkpoint_hash"], "goal_spec_hash": rep.goal_spec_hash,
                 "success": [bool(e.success) for e in eps], "report": scal, **rooms}
-    r = cached(folder / "eval" / f"{arm}-{key}.json", run)
+    r = cached(folder / "eval" / f"{arm}-{key}.json", run_floor if floor else run)
     say(f"seed {seed}: {arm}: {sum(r['success'])}/{len(r['success'])}, probe R² {fmt(r['report'].get('probe_r2'))}, "
         f"room separation {fmt(r['room_separation'])}, cross-room x R² {fmt(r['cross_room_x_r2'])} "
         f"({r['wall_seconds']} s wall)")
@@ -492,8 +524,10 @@ def main(argv: list[str] | None = None) -> None:
         trained[seed]["warmstart"] = warm
         for arm in arms:
             try:
-                rec = warm if arm == "warmstart" else train_arm(seed, arm, base, folder, warm, args.engine)
-                trained[seed][arm] = rec
+                rec = warm if ARMS[arm][0] in ("warm", "floor") else train_arm(seed, arm, base, folder, warm,
+                                                                               args.engine)
+                if ARMS[arm][0] != "floor":  # a floor trains nothing: its rec is the warm start
+                    trained[seed][arm] = rec
                 evals[seed][arm] = score(seed, arm, rec, cfg, folder, data_folder, args.episodes)
             except Exception as exc:  # noqa: BLE001 — one arm's failure must not lose the others
                 failed.append(f"seed {seed} {arm}: {type(exc).__name__}: {exc}")

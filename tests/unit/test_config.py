@@ -75,16 +75,38 @@ def _group_sections(group: str, option: str) -> dict[str, dict]:
     return loaded if text.startswith("# @package _global_") else {group: loaded}
 
 
+def _preset_changes(group: str) -> set[tuple[str, str]]:
+    """(section, key) pairs that a global group file of another group moves off the schema default."""
+    schema = schema_defaults()
+    return {(section, key) for other in SECTION_GROUPS if other != group
+            for path in sorted((config_dir() / other).glob("*.yaml"))
+            for section, values in _group_sections(other, path.stem).items() if section != other
+            for key, value in values.items() if value != schema[section].get(key)}
+
+
 @pytest.mark.parametrize("group", SECTION_GROUPS)
 def test_group_files_restate_no_schema_default(group):
-    """A value equal to the schema's default in a group file is a second home for that default."""
-    schema = schema_defaults()
+    """A value equal to the schema's default in a group file is a second home for that default,
+    unless it undoes another group's preset (privacy=dp puts back the per-silo objective that the
+    CPU preset replaces with the pooled one)."""
+    schema, undoable = schema_defaults(), _preset_changes(group)
     for path in sorted((config_dir() / group).glob("*.yaml")):
         for section, values in _group_sections(group, path.stem).items():
             defaults = schema[section]
             for key, value in values.items():
                 assert key in defaults, f"{path}: {key} is not a field of the {section} section"
-                assert value != defaults[key], f"{path}: {section}.{key}: {value!r} restates the schema default"
+                assert value != defaults[key] or (section, key) in undoable, \
+                    f"{path}: {section}.{key}: {value!r} restates the schema default"
+
+
+def test_the_dp_presets_keep_the_per_silo_objective_and_their_hashes():
+    # the pooled objective's summaries are outside update-level DP (checks.py refuses the pair)
+    for preset in ("dp", "dp_four_rounds"):
+        cfg = load_config([f"privacy={preset}"])
+        assert (cfg.objective.sigreg_scope, cfg.objective.bn_scope) == ("silo", "batch")
+        assert cfg.config_hash() == load_config([f"privacy={preset}", "objective.sigreg_scope=silo",
+                                                 "objective.bn_scope=batch"]).config_hash()
+    assert load_config(["privacy=dp"]).config_hash()[:12] == "e2417531e601"  # as before the pooled default
 
 
 def test_schema_defaults_hold_every_field_even_those_the_dump_omits():
@@ -111,7 +133,8 @@ def test_every_schema_field_overrides_without_plus(override, field, value):
 # What the composed configs change relative to the schema defaults. A YAML edit that changes a
 # composed value (or restates one in a way that changes it) fails here; update on purpose only.
 DEFAULT_CHANGES = {"run_dir": "runs/tiny", "model": {"predictor_width": 128, "input_norm": "global", "projector_norm": "batchnorm"},
-                   "objective": {"lambda_rollout": 1.0}, "eval": {"episodes": 20}}
+                   "objective": {"lambda_rollout": 1.0, "sigreg_scope": "pooled", "bn_scope": "pooled"},
+                   "eval": {"episodes": 20}}
 MICRO_CHANGES = {
     "name": "micro", "run_dir": "runs/micro",
     "model": {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2, "latent_dim": 16,
@@ -137,7 +160,7 @@ def test_composed_dump_is_the_schema_plus_the_stated_changes(overrides, changes)
 # config_hash() names run folders, manifests and checkpoints: a change to either is a change to every
 # hash derived from them, so it has to be deliberate (update these with the reason in the commit).
 @pytest.mark.parametrize("overrides,digest", [
-    ([], "25c48176dd1e"),
+    ([], "e0d28a35411d"),
     (["experiment=micro"], "67a7f1af0476"),
 ], ids=["default", "micro"])
 def test_composed_config_hash_is_pinned(overrides, digest):
