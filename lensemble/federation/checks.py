@@ -47,6 +47,17 @@ def check_federation_config(cfg: LensembleConfig) -> None:
             f"federation.secagg_clip_range={cfg.federation.secagg_clip_range:g} < 1: the pooled ECF summary's "
             "means of cos and sin lie in [-1, 1] and would not fit the SecAgg+ coordinate range",
             remediation="set federation.secagg_clip_range >= 1 with objective.sigreg_scope=pooled")
+    f = cfg.federation
+    if f.aggregate != "mean" and f.secure_aggregation:
+        # [robust] a median or trimmed mean sorts the individual updates; SecAgg+ reveals only their sum
+        raise ConfigError(f"federation.aggregate={f.aggregate} needs the individual updates, which "
+                          "federation.secure_aggregation hides (the coordinator sees only their sum)",
+                          remediation="use federation.aggregate=mean with secure aggregation (the secure-sum "
+                                      "bound federation.secagg_max_norm then limits the damage), or turn it off")
+    if f.aggregate == "trimmed_mean" and cfg.data.num_silos < 2 * f.trim + 1:
+        raise ConfigError(f"federation.aggregate=trimmed_mean with federation.trim={f.trim} needs at least "
+                          f"{2 * f.trim + 1} silos, data.num_silos is {cfg.data.num_silos}",
+                          remediation="lower federation.trim, add silos, or use federation.aggregate=median")
     check_secure_config(cfg)
 
 

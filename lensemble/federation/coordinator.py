@@ -38,11 +38,17 @@ from lensemble.federation.codec import payload_nbytes, quant_ratio
 from lensemble.federation.global_cache import cache_config, global_digest
 from lensemble.federation.locks import lock_folder
 from lensemble.federation.messages import Reply, participant_id
-from lensemble.federation.outer import OuterOptimizer, aggregate_checked
+from lensemble.federation.outer import OuterOptimizer
 from lensemble.federation.pooling import MEMBERS, SUMMARY_PHASE, close_secure_summaries, close_summaries
 from lensemble.federation.privacy import PrivacyLedger, ReleaseTally
 from lensemble.federation.pseudograd import Layout
-from lensemble.federation.secure_agg import SecAggSettings, SecureSum, check_secure_sum, mean_from_sum
+from lensemble.federation.robust import (
+    required_participants,
+    robust_mean,
+    screen_updates,
+    secure_update_settings,
+)
+from lensemble.federation.secure_agg import SecureSum, check_secure_sum, mean_from_sum
 from lensemble.federation.state import federated_keys, split_state, to_arrays
 from lensemble.federation.validation import (
     Update,
@@ -327,9 +333,10 @@ class Coordinator:
                     self.tally.record(pid, int(n))
         # Under DP the participants withhold their probe embeddings: (0, d) is the only valid form.
         rows = 0 if self.cfg.privacy.enabled else len(self.probe)
-        secure_metrics: dict = {}
+        branch_metrics: dict = {}
+        norms: dict[str, float] = {}  # accepted id -> ‖Δ‖₂ (plaintext rounds): the next rounds' reference
         if self.cfg.federation.secure_aggregation or secure_sum is not None:
-            mean, accepted, dropped, secure_metrics = self._secure_mean(t, replies, failures, secure_sum, rows)
+            mean, accepted, dropped, branch_metrics = self._secure_mean(t, replies, failures, secure_sum, rows)
         else:
             result = validate_updates([Update(pid, r.round_index, r.payload, r.probe_embeddings)
                                        for pid, r in sorted(replies.items())],
@@ -337,10 +344,13 @@ class Coordinator:
                                       max_update_mb=self.cfg.federation.max_update_mb,
                                       embedding_shape=(rows, self.cfg.model.latent_dim))
             dropped = dict(failures) | {pid: f"sent an unusable reply ({why})" for pid, why in result.rejected}
-            require_quorum(len(result.accepted), self.cfg.federation.min_participants, round_index=t,
-                           failures=dropped)
-            mean = aggregate_checked(result.accepted)
-            accepted = sorted(result.accepted)
+            # [robust] a well-formed update above the round's norm bound is dropped like an unusable one
+            kept, refused, branch_metrics, norms = screen_updates(self.cfg, result.accepted, self.history,
+                                                                  self.outer.params)
+            dropped |= refused
+            require_quorum(len(kept), required_participants(self.cfg), round_index=t, failures=dropped)
+            mean = robust_mean(kept, self.cfg.federation.aggregate, self.cfg.federation.trim)
+            accepted = sorted(kept)
         new_params = self.outer.preview(mean)
         self.outer.commit(mean, expected=new_params)
 
@@ -407,7 +417,7 @@ class Coordinator:
         })
         if self.tally is not None:
             metrics["dp/releases_bound"] = self.tally.bound()
-        metrics.update(secure_metrics)
+        metrics.update(branch_metrics)
         for key in (f"loss/{term}" for term in LOSS_TERMS):  # the participants' last inner step, averaged
             vals = [replies[p].metrics[key] for p in accepted if key in replies[p].metrics]
             if vals:
@@ -419,11 +429,11 @@ class Coordinator:
         metrics["fed/max_compute_seconds"] = max(float(replies[p].metrics.get("fed/compute_seconds", 0.0))
                                                  for p in accepted)
         metrics = {k: v for k, v in metrics.items() if v is not None}
-        self.history.append({**metrics, "dropped": dropped})
+        self.history.append({**metrics, "dropped": dropped, **({"update_norms": norms} if norms else {})})
         self._commit(t, metrics)
         self.sink.log(t, metrics)
         self.next_round = t + 1
-        return metrics
+        return {**metrics, "dropped": dropped}  # the driver's round line names the refused replies
 
     def _secure_mean(self, t: int, replies: dict[str, Reply], failures: dict[str, str],
                      secure_sum: SecureSum | None, rows: int):
@@ -437,7 +447,7 @@ class Coordinator:
             raise ConfigError(f"round {t} came as a secure sum but federation.secure_aggregation is off",
                               remediation="run the coordinator with the config the participants were asked with")
         refuse_individual(t, replies, secure_sum, "update", "updates")
-        settings = SecAggSettings.from_config(self.cfg.federation)
+        settings = secure_update_settings(self.cfg, self.outer.params)  # B: the run's step bound by default
         layout = Layout.of(self.outer.params)
         contributors = list(secure_sum.contributors)
         dropped = dict(failures)
@@ -449,7 +459,8 @@ class Coordinator:
         # probe embeddings) enters drift and distillation.
         accepted = check_contributors(t, contributors, replies, (rows, self.cfg.model.latent_dim), "sum")
         metrics = {**checked, "fed/secagg_participants": len(contributors), "fed/secagg_clip_range": settings.clip_range,
-                   "fed/secagg_bits": settings.bits, "fed/secagg_mean_error_bound": settings.mean_error_bound()}
+                   "fed/secagg_bits": settings.bits, "fed/secagg_mean_error_bound": settings.mean_error_bound(),
+                   "fed/secagg_max_norm": settings.norm_bound(layout.numel)}
         return mean, accepted, dropped, metrics
 
     def _drift(self, embeddings: dict[str, torch.Tensor], t: int):

@@ -23,6 +23,8 @@ Nothing of it lives in the config, so config hashes never depend on a drill.
 ``"nan-embeddings"``        answer with NaN probe embeddings (valid delta)
 ``"wrong-shape-embeddings"`` answer with probe embeddings of the wrong shape (valid delta)
 ``"wrong-round"``           answer with ``round_index`` one ahead of the asked round
+``"scale:<k>"``             answer with the pseudo-gradient multiplied by ``k`` (finite, right
+                            shape: a poisoned or broken update only the norm bound catches)
 =========================== ====================================================================
 
 ``"timeout"`` is understood by the framework-free engine only (``run_inprocess(fail=...)``): the
@@ -40,7 +42,7 @@ import numpy as np
 
 from lensemble.errors import RoundError
 
-FAULTS = ("crash", "hang", "slow", "nan-delta", "nan-embeddings", "wrong-shape-embeddings", "wrong-round")
+FAULTS = ("crash", "hang", "slow", "nan-delta", "nan-embeddings", "wrong-shape-embeddings", "wrong-round", "scale")
 
 FaultPlan = Mapping[tuple[int | str, int], str]
 
@@ -57,8 +59,8 @@ def check_plan(plan: FaultPlan, *, extra: tuple[str, ...] = ()) -> dict[tuple[in
             raise ValueError(f"fault plan keys are (round, partition_id), got {key!r}")
         if _kind(str(fault)) not in FAULTS + extra:
             raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS + extra)}")
-        if _kind(fault) == "slow":
-            float(fault.split(":", 1)[1])  # "slow:<seconds>"
+        if _kind(fault) in ("slow", "scale"):
+            float(fault.split(":", 1)[1])  # "slow:<seconds>", "scale:<factor>"
         out[(key[0] if key[0] == "*" else int(key[0]), int(key[1]))] = str(fault)
     return out
 
@@ -92,6 +94,11 @@ class Faulty:
             # fp32 form: every value NaN; int8 form: a NaN scale makes every decoded value NaN
             reply.payload = {k: np.full_like(v, np.nan) if v.dtype.kind == "f" else v
                              for k, v in reply.payload.items()}
+        elif kind == "scale":
+            # fp32 form: every value × k; int8 form: the scale × k (the decoded Δ is k times larger)
+            k = float(fault.split(":", 1)[1])
+            reply.payload = {key: (v * k).astype(v.dtype) if v.dtype.kind == "f" else v
+                             for key, v in reply.payload.items()}
         elif kind == "nan-embeddings":
             reply.probe_embeddings = np.full_like(reply.probe_embeddings, np.nan)
         elif kind == "wrong-shape-embeddings":

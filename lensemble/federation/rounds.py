@@ -135,7 +135,11 @@ def _round_line(t: int, total: int, attempt: int, answers: Answers, metrics: dic
                 quorum: int) -> str:
     wire = answers.wire_bytes if answers.wire_bytes is not None else metrics.get("fed/comm_bytes", 0)
     retry = f" (attempt {attempt})" if attempt > 1 else ""
-    line = (f"round {t + 1}/{total}{retry}: {len(answers.replies)}/{answers.asked} replies, "
+    # replies the coordinator refused (unusable, above the norm bound) did not carry the round
+    refused = {p: why for p, why in (metrics.get("dropped") or {}).items() if p in answers.replies}
+    accepted = sorted(p for p in answers.replies if p not in refused)
+    line = (f"round {t + 1}/{total}{retry}: {len(answers.replies)}/{answers.asked} replies"
+            f"{f', {len(accepted)} accepted' if refused else ''}, "
             f"{_human_bytes(float(wire))} on the wire, {seconds:.1f} s")
     if answers.secure_sum is not None:
         line += f", SecAgg+ sum of {answers.secure_sum.participants}"
@@ -143,11 +147,11 @@ def _round_line(t: int, total: int, attempt: int, answers: Answers, metrics: dic
         line += f", drift {metrics['gauge/drift_angle_deg']:.1f}°"
     if "loss/pred" in metrics:
         line += f", pred loss {metrics['loss/pred']:.3f}"
-    if answers.failures:
+    if answers.failures or refused:
         # Say what happened, then who carried the round: "silo-1 did not reply within 5 s;
         # quorum 1 met by silo-0".
-        line += f"\n[lensemble]   {describe_failures(answers.failures)}; quorum {quorum} met by " + \
-            ", ".join(sorted(answers.replies))
+        line += f"\n[lensemble]   {describe_failures({**answers.failures, **refused})}; quorum {quorum} met by " + \
+            ", ".join(accepted)
     return line
 
 

@@ -154,8 +154,15 @@ def check_secure_sum(total: np.ndarray, participants: int, numel: int, settings:
         raise SecureSumRejected(f"{where}a coordinate of the unmasked sum of {participants} updates is "
                                 f"{peak:.4g} > C·(c + q) = {peak_bound:.4g}")
     if norm > norm_bound:
+        # [robust] honest updates each pass ‖Δ‖ <= B on their own site; a sum beyond C·B holds one that did
+        # not (a participant that skipped its check, Flower clipping it to ±c) or a failed unmask
         raise SecureSumRejected(f"{where}the unmasked sum of {participants} updates has norm {norm:.4g} > "
-                                f"C·(B + q·√n) = {norm_bound:.4g}")
+                                f"C·(B + q·√n) = {norm_bound:.4g} (B = {settings.norm_bound(numel):.4g}): "
+                                "a participant released an update above the bound its own check enforces, "
+                                "or the unmasking failed",
+                                remediation="Nothing was committed for this round. Find the site whose update is "
+                                            "out of range (its log; a site without the pre-mask check is broken or "
+                                            "hostile), exclude it, then resume the run to retry the round.")
     return {"fed/secagg_sum_max_abs": peak, "fed/secagg_sum_norm": norm}
 
 

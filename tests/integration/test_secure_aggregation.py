@@ -40,8 +40,10 @@ from lensemble.federation.simulation import run_on_local_grid
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 200  # coordinates of the test "model": enough for a leak to show as correlation
-# c = 1, b = 16: q = 3.1e-5, large enough that the quantisation error is visible in every sum
-SECURE = ["federation.secure_aggregation=true", "federation.secagg_clip_range=1", "federation.secagg_bits=16"]
+# c = 1, b = 16: q = 3.1e-5, large enough that the quantisation error is visible in every sum; B = c·√N:
+# the known updates are uniform draws, not AdamW steps, so the run's step bound (the default B) does not hold them
+SECURE = ["federation.secure_aggregation=true", "federation.secagg_clip_range=1", "federation.secagg_bits=16",
+          f"federation.secagg_max_norm={N ** 0.5}"]
 
 
 def known_delta(partition: int, t: int) -> np.ndarray:

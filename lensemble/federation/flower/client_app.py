@@ -54,7 +54,7 @@ from lensemble.federation.messages import NodeSpec
 from lensemble.federation.participant import participant_round, round_global
 from lensemble.federation.pooling import is_summary_round, summary_numel
 from lensemble.federation.pooling import secure_settings as secure_summary_settings
-from lensemble.federation.secure_agg import SecAggSettings
+from lensemble.federation.robust import secure_update_settings
 from lensemble.federation.state import federated_keys
 from lensemble.federation.validation import check_private_egress
 
@@ -178,7 +178,10 @@ def _handle_train(msg: Message, context: Context, participant: Callable,
         if is_summary_round(round_config):  # the pooled objective's summary: its own size and bounds
             numel, settings = summary_numel(cfg), secure_summary_settings(cfg)
         else:
-            numel, settings = federated_numel(global_arrays, federated(cfg)), SecAggSettings.from_config(cfg.federation)
+            keys = federated(cfg)
+            params = {k: a for k, a in global_arrays.items() if k in keys and a.dtype.kind == "f"}
+            # B: the run's step bound from this global, as the coordinator computes it (federation/robust.py)
+            numel, settings = federated_numel(global_arrays, keys), secure_update_settings(cfg, params)
         content = secure_reply_content(reply, partition_id=node.partition_id, numel=numel, settings=settings)
         return Message(content, reply_to=msg)
     return Message(reply_to_content(reply, partition_id=node.partition_id), reply_to=msg)
