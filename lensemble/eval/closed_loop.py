@@ -589,7 +589,8 @@ def evaluate(
     # Fitted before any env exists (a failed fit leaks nothing); the head never sees the tasks.
     cost_fn, cost_info = planning_cost(model, cfg, eval_cfg, progress=progress) if policy == "mpc" else (None, None)
     envs = [make_env(env_id, model.cfg.img_size) for _ in range(min(int(parallel), n))]
-    on_device = WorldModelOnDevice(model, eval_cfg.device)  # [device] closed loop on eval.device
+    # [device] closed loop on eval.device, [precision] under eval.precision
+    on_device = WorldModelOnDevice(model, eval_cfg.device, eval_cfg.precision)
     try:
         plan_fn = planner_plan_fn(model, planner, eval_cfg.receding_horizon, cost_fn=cost_fn) if policy == "mpc" \
             else None
@@ -647,6 +648,7 @@ def evaluate(
         planner={"mpc": eval_cfg.planner, "oracle": f"oracle-{eval_cfg.planner}"}.get(policy, "random"),
         transfer_success_rate=transfer_rate,
         planning_cost=cost_info,
+        precision=on_device.precision if policy == "mpc" else None,
         **ladder_fields,
     )
 

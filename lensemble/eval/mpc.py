@@ -32,6 +32,7 @@ import torch
 
 from lensemble.config.seeds import derive
 from lensemble.errors import ConfigError, EvaluationError
+from lensemble.model.precision import autocast, resolve_precision
 
 Family = Literal["cem", "icem", "mppi"]
 FAMILIES: tuple[str, ...] = ("cem", "icem", "mppi")
@@ -469,11 +470,20 @@ class WorldModelOnDevice:
     """``with WorldModelOnDevice(model, "cuda"):`` the world model's weights on the device, its
     encoder taking CPU frames (a forward pre-hook moves them); on exit everything is back on the
     CPU. The planner follows its inputs' device (candidates, noise and cost on ``z0.device``), so
-    closed-loop planning runs where the model is. On ``"cpu"`` it does nothing at all."""
+    closed-loop planning runs where the model is. On ``"cpu"`` it does nothing at all.
 
-    def __init__(self, model: torch.nn.Module, device: str | torch.device = "cpu"):
+    ``precision="bf16"`` also runs everything inside the block under bf16 autocast on the device
+    (``eval.precision``; :mod:`lensemble.model.precision`): the weights stay fp32, the encoder's and
+    predictor's matrix products run in bf16, the planner's cost in fp32. It is resolved on entry
+    (fp32 with a warning on a device without bf16 matrix units); :attr:`precision` then says what
+    ran. Exiting twice is harmless (``evaluate`` leaves the block before its fp32 ladder)."""
+
+    def __init__(self, model: torch.nn.Module, device: str | torch.device = "cpu", precision: str = "fp32"):
         self.model, self.device = model, torch.device(device)
+        self.requested = precision
+        self.precision: str | None = None  # resolved on entry
         self._hook = None
+        self._autocast = None
 
     def __enter__(self):
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -484,9 +494,16 @@ class WorldModelOnDevice:
             device = self.device
             self._hook = self.model.encoder.register_forward_pre_hook(
                 lambda module, args: tuple(a.to(device) if torch.is_tensor(a) else a for a in args))
+        self.precision = resolve_precision(self.requested, self.device, field="eval.precision")  # [precision]
+        if self.precision != "fp32":
+            self._autocast = autocast(self.precision, self.device)
+            self._autocast.__enter__()
         return self.model
 
     def __exit__(self, *exc):
+        if self._autocast is not None:
+            self._autocast.__exit__(None, None, None)
+            self._autocast = None
         if self._hook is not None:
             self._hook.remove()
             self._hook = None

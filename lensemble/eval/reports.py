@@ -151,6 +151,10 @@ class EvalReport(BaseModel):
     planning_cost: dict[str, Any] | None = None
     """The MPC energy (``eval.cost``): ``{"cost": "l1"}`` or the reachability head's fit
     (lensemble.eval.costs.planning_cost); None for the random and oracle controls and older reports."""
+    precision: Literal["fp32", "bf16"] | None = None
+    """What closed-loop encoding and planning ran in: ``eval.precision`` after the device check (fp32
+    where bf16 was requested on a device without bf16 matrix units); None for the controls and older
+    reports."""
 
     @model_validator(mode="before")
     @classmethod

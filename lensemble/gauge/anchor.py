@@ -31,6 +31,7 @@ from torch import nn
 from lensemble.config.seeds import torch_generator
 from lensemble.errors import ConfigError, DegenerateProcrustes, GaugeError
 from lensemble.gauge.procrustes import as_float64_matrix, check_singular_floor
+from lensemble.model.precision import full_precision
 
 __all__ = ["differentiable_polar", "select_landmarks", "FrameAnchor"]
 
@@ -199,9 +200,13 @@ class FrameAnchor:
             raise GaugeError(
                 f"anchor expects landmark latents of shape {tuple(self.targets.shape)}, got {tuple(z_landmarks.shape)}"
             )
-        t = self.targets.to(device=z_landmarks.device, dtype=z_landmarks.dtype)
-        if self.variant == "A":
-            return ((z_landmarks - t) ** 2).sum(dim=-1).mean()
-        q = differentiable_polar(z_landmarks.mT @ t, singular_floor=self.singular_floor)
-        eye = torch.eye(self.d, dtype=q.dtype, device=q.device)
-        return ((q - eye) ** 2).sum()
+        # [precision] under bf16 autocast the landmark latents arrive in bf16: the loss is taken in
+        # (at least) fp32, as every loss term is; an fp32 or fp64 run is unchanged.
+        z = z_landmarks if z_landmarks.dtype in (torch.float32, torch.float64) else z_landmarks.float()
+        t = self.targets.to(device=z.device, dtype=z.dtype)
+        with full_precision(z):
+            if self.variant == "A":
+                return ((z - t) ** 2).sum(dim=-1).mean()
+            q = differentiable_polar(z.mT @ t, singular_floor=self.singular_floor)
+            eye = torch.eye(self.d, dtype=q.dtype, device=q.device)
+            return ((q - eye) ** 2).sum()

@@ -69,7 +69,8 @@ def temporal_straightening(z: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """
     if z.ndim != 3 or z.shape[1] < 3:
         raise ValueError(f"temporal straightening needs latents (B, K >= 3, d), got {tuple(z.shape)}")
-    v = (z[:, 1:] - z[:, :-1]).float()
+    zf = z.float()  # [precision] differences of bf16 latents would lose their low bits
+    v = zf[:, 1:] - zf[:, :-1]
     cos = F.cosine_similarity(v[:, 1:], v[:, :-1], dim=-1, eps=eps)
     return (1.0 - cos).mean()
 

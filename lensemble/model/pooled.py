@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from lensemble.model.precision import full_precision
 from lensemble.model.sigreg import _knot_weights, sigreg
 
 #: Names under which a summary travels (np arrays; see :meth:`SiloSummary.to_arrays`).
@@ -93,10 +94,11 @@ class Pooling:
 def ecf_summary(z: torch.Tensor, sketch: torch.Tensor, *, knots: int = 17, t_max: float = 3.0) -> EcfSummary:
     """The ECF summary of latents z (N, d) (leading dims flattened) on ``sketch`` (d, S)."""
     z = z.reshape(-1, z.shape[-1]).to(torch.float32)
-    proj = z @ sketch.to(device=z.device, dtype=torch.float32)  # (N, S)
-    t, _, _ = _knot_weights(knots, t_max, z.device)
-    arg = proj.unsqueeze(-1) * t  # (N, S, K)
-    return EcfSummary(torch.cos(arg).mean(dim=0), torch.sin(arg).mean(dim=0), proj.mean(dim=0))
+    with full_precision(z):  # [precision] fp32 under bf16 autocast, like sigreg()
+        proj = z @ sketch.to(device=z.device, dtype=torch.float32)  # (N, S)
+        t, _, _ = _knot_weights(knots, t_max, z.device)
+        arg = proj.unsqueeze(-1) * t  # (N, S, K)
+        return EcfSummary(torch.cos(arg).mean(dim=0), torch.sin(arg).mean(dim=0), proj.mean(dim=0))
 
 
 def pooled_sigreg(z: torch.Tensor, sketch: torch.Tensor, pooling: Pooling | None, *, knots: int = 17,
@@ -125,7 +127,8 @@ def pooled_sigreg(z: torch.Tensor, sketch: torch.Tensor, pooling: Pooling | None
     im = im_raw * cos_a - re_raw * sin_a
     err = (re - phi).square() + im.square()
     n_eff = z.reshape(-1, z.shape[-1]).shape[0] * c
-    return n_eff * (err @ w).mean()
+    with full_precision(err):  # [precision] err @ w is a matmul: fp32 under bf16 autocast
+        return n_eff * (err @ w).mean()
 
 
 class PoolableBatchNorm1d(nn.BatchNorm1d):

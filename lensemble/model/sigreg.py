@@ -36,12 +36,14 @@ restated on swm's scale with :func:`lambda_sig_on_swm_scale`: the loss term λ_s
 equals (λ_sig / 2) · SIGReg_swm. The default λ_sig = 0.1 is 0.05 on swm's scale, and LeWM's
 published 0.09 corresponds to λ_sig = 0.18 here.
 
-Statistics are computed in fp32 whatever the latents' dtype.
+Statistics are computed in fp32 whatever the latents' dtype, also under bf16 autocast (``train.precision``).
 """
 
 from __future__ import annotations
 
 import torch
+
+from lensemble.model.precision import full_precision
 
 
 def make_sketch(d: int, num_directions: int, generator: torch.Generator) -> torch.Tensor:
@@ -83,14 +85,15 @@ def sigreg(
     n = z.shape[0]
     if n < 2:
         raise ValueError("SIGReg needs at least 2 latents")
-    proj = z @ sketch.to(device=z.device, dtype=torch.float32)  # (N, S)
-    proj = proj - proj.mean(dim=0, keepdim=True)
-    t, phi, w = _knot_weights(knots, t_max, z.device)
-    arg = proj.unsqueeze(-1) * t  # (N, S, K)
-    re = torch.cos(arg).mean(dim=0)  # (S, K)
-    im = torch.sin(arg).mean(dim=0)
-    err = (re - phi).square() + im.square()
-    return n * (err @ w).mean()
+    with full_precision(z):  # [precision] under bf16 autocast the two matmuls would run in bf16
+        proj = z @ sketch.to(device=z.device, dtype=torch.float32)  # (N, S)
+        proj = proj - proj.mean(dim=0, keepdim=True)
+        t, phi, w = _knot_weights(knots, t_max, z.device)
+        arg = proj.unsqueeze(-1) * t  # (N, S, K)
+        re = torch.cos(arg).mean(dim=0)  # (S, K)
+        im = torch.sin(arg).mean(dim=0)
+        err = (re - phi).square() + im.square()
+        return n * (err @ w).mean()
 
 
 def sigreg_null_mean(*, knots: int = 17, t_max: float = 3.0) -> float:
@@ -126,9 +129,10 @@ def sigreg_swm(z: torch.Tensor, sketch: torch.Tensor, *, knots: int = 17, t_max:
         raise ValueError(f"latent dim {z.shape[-1]} does not match sketch rows {sketch.shape[0]}")
     z = z.reshape(-1, z.shape[-1]).to(torch.float32)
     t, phi, w = _knot_weights(knots, t_max, z.device)
-    arg = (z @ sketch.to(device=z.device, dtype=torch.float32)).unsqueeze(-1) * t
-    err = (torch.cos(arg).mean(dim=0) - phi).square() + torch.sin(arg).mean(dim=0).square()
-    return z.shape[0] * (err @ (SWM_SCALE * w)).mean()
+    with full_precision(z):
+        arg = (z @ sketch.to(device=z.device, dtype=torch.float32)).unsqueeze(-1) * t
+        err = (torch.cos(arg).mean(dim=0) - phi).square() + torch.sin(arg).mean(dim=0).square()
+        return z.shape[0] * (err @ (SWM_SCALE * w)).mean()
 
 
 __all__ = ["SWM_SCALE", "lambda_sig_from_swm_scale", "lambda_sig_on_swm_scale", "make_sketch", "sigreg",

@@ -15,6 +15,7 @@ from lensemble.config.schema import LensembleConfig
 from lensemble.errors import ConfigError
 from lensemble.model.collapse import effective_dim, latent_std
 from lensemble.model.objective import PLAIN, AnchorFn, BatchStatistics, JEPAObjective, LossTerms
+from lensemble.model.precision import autocast, resolve_precision
 from lensemble.model.world_model import WorldModel
 from lensemble.training.pooling import freeze_batchnorm
 
@@ -47,6 +48,9 @@ class InnerLoop:
             raise ConfigError(f"train.device={self.device} but torch {torch.__version__} sees no CUDA device here",
                               remediation="train.device=cpu, or on the ray engine give each client a GPU "
                                           "(--client-gpus 1)")
+        # [precision] what the forward passes run in: train.precision, or fp32 (warned) where the
+        # device has no bf16 matrix units. Weights, optimizer state and gradients stay fp32.
+        self.precision = resolve_precision(cfg.train.precision, self.device, field="train.precision")
 
     def lr_at(self, step: int) -> float:
         warm = self.cfg.train.warmup_steps
@@ -70,7 +74,8 @@ class InnerLoop:
             # their stored statistics and never update them.
             for bn in self.model.encoder.batchnorm_layers():
                 bn.eval()
-        terms = self.objective(self.model, obs, actions, sketch, stats)
+        with autocast(self.precision, self.device):  # [precision] a no-op for fp32
+            terms = self.objective(self.model, obs, actions, sketch, stats)
         self.optimizer.zero_grad(set_to_none=True)
         terms.total.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.cfg.train.grad_clip)

@@ -1,0 +1,155 @@
+"""Numeric precision of training and planning: ``fp32`` or ``bf16`` (``train.precision``, ``eval.precision``).
+
+``bf16`` is :func:`torch.autocast` with ``dtype=torch.bfloat16`` around the model's forward passes:
+matrix products (linear layers, attention, convolutions) take bf16 inputs and accumulate in fp32 on
+the CPU's bf16 matrix units (AMX tiles, AVX512-BF16 dot products) or a GPU's tensor cores; the
+weights stay fp32 (the optimizer updates fp32 master weights, checkpoints are fp32), and losses, the
+SIGReg statistic, the pooled summaries and the planner's cost are computed in fp32
+(:func:`full_precision` switches autocast off around them). ``fp32`` does nothing at all, so fp32
+runs are bitwise what they were before the option existed.
+
+bf16 only pays where the hardware multiplies bf16 natively. Elsewhere torch runs bf16 matrix products
+in a scalar fallback: measured on an AVX2-only AMD EPYC (torch 2.14, one thread), a 4096 x 192 x 768
+matmul ran at 36 GFLOP/s in fp32 and 0.9 in bf16 (40x slower), a planner rollout 7x slower. So a
+requested ``bf16`` is checked against the machine (:func:`bf16_support`): without bf16 matrix units
+it falls back to fp32 with a :class:`PrecisionFallback` warning that names the cause, unless
+``LENSEMBLE_FORCE_BF16=1`` asks for bf16 numerics anyway (numerics studies; slow).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import get_args
+
+import torch
+
+from lensemble.config.schema import Precision
+
+PRECISIONS: tuple[str, ...] = get_args(Precision)  # the schema's Literal is the one list
+#: Environment variable: "1" runs a requested bf16 even where the device has no bf16 matrix units.
+FORCE_ENV = "LENSEMBLE_FORCE_BF16"
+#: CPU flags (/proc/cpuinfo) of bf16 matrix units: x86 AMX tiles and AVX512-BF16 dot products;
+#: aarch64 lists its BF16 dot-product extension as "bf16".
+CPU_BF16_FLAGS: tuple[str, ...] = ("amx_bf16", "avx512_bf16", "bf16")
+
+
+class PrecisionFallback(UserWarning):
+    """A requested bf16 runs in fp32 because the device has no bf16 matrix units (or the reverse,
+    forced with ``LENSEMBLE_FORCE_BF16=1``). The message names the field, the cause and the fix."""
+
+
+@dataclass(frozen=True)
+class Bf16Support:
+    """Whether a device multiplies bf16 natively (``available``) and why (``reason``, one phrase)."""
+
+    available: bool
+    reason: str
+
+
+def cpu_flags(path: str | Path = "/proc/cpuinfo") -> tuple[set[str], str]:
+    """The first CPU's feature flags and model name from ``path`` (empty on systems without it)."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return set(), "unknown CPU"
+    flags: set[str] = set()
+    model = "unknown CPU"
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("flags", "features") and not flags:  # x86 says "flags", aarch64 "Features"
+            flags = set(value.split())
+        elif key in ("model name", "cpu model") and model == "unknown CPU":
+            model = value.strip()
+    return flags, model
+
+
+def _torch_cpu_probe(name: str) -> bool:
+    # torch.cpu._is_amx_tile_supported / _is_avx512_bf16_supported (cpuinfo + OS tile permission);
+    # private in torch 2.14, so a missing one counts as "no" rather than an error.
+    probe = getattr(torch.cpu, name, None)
+    try:
+        return bool(probe()) if probe is not None else False
+    except Exception:  # noqa: BLE001 - a probe that cannot run is a "no"
+        return False
+
+
+def cpu_bf16_support(path: str | Path = "/proc/cpuinfo") -> Bf16Support:
+    """bf16 matrix units on this CPU: AMX (``amx_bf16``), AVX512-BF16 or aarch64 BF16, from the
+    flags in ``path`` or torch's own CPU probes (either suffices)."""
+    flags, model = cpu_flags(path)
+    found = [f for f in CPU_BF16_FLAGS if f in flags]
+    if _torch_cpu_probe("_is_amx_tile_supported") and "amx_bf16" not in found:
+        found.append("amx (torch)")
+    if _torch_cpu_probe("_is_avx512_bf16_supported") and "avx512_bf16" not in found:
+        found.append("avx512_bf16 (torch)")
+    if found:
+        return Bf16Support(True, f"{model} has bf16 matrix units ({', '.join(found)})")
+    return Bf16Support(False, f"{model} has no bf16 matrix units (none of {', '.join(CPU_BF16_FLAGS)} in its "
+                              f"CPU flags; torch's CPU capability: {torch.backends.cpu.get_cpu_capability()})")
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_support_cached() -> Bf16Support:
+    return cpu_bf16_support()
+
+
+def bf16_support(device: str | torch.device = "cpu") -> Bf16Support:
+    """Whether ``device`` (cpu | cuda[:N]) has bf16 matrix units; the CPU answer is cached per process."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return Bf16Support(False, "no CUDA device is visible")
+        # including_emulation=False: Turing and older emulate bf16 (slower than their fp16/fp32)
+        ok = torch.cuda.is_bf16_supported(including_emulation=False)
+        name = torch.cuda.get_device_name(device)
+        return Bf16Support(ok, f"{name} {'has' if ok else 'has no'} native bf16")
+    return _cpu_support_cached()
+
+
+def resolve_precision(requested: str, device: str | torch.device = "cpu", *, field: str = "precision") -> str:
+    """The precision to run: ``requested`` if the device supports it, else "fp32" with a
+    :class:`PrecisionFallback` warning naming ``field`` (e.g. "train.precision") and the cause.
+
+    ``LENSEMBLE_FORCE_BF16=1`` keeps bf16 on a device without bf16 units (warned too: it is slow).
+    """
+    if requested not in PRECISIONS:
+        raise ValueError(f"{field} must be one of {PRECISIONS}, got {requested!r}")
+    if requested == "fp32":
+        return "fp32"
+    support = bf16_support(device)
+    if support.available:
+        return "bf16"
+    if os.environ.get(FORCE_ENV) == "1":
+        warnings.warn(f"{field}=bf16 forced by {FORCE_ENV}=1 although {support.reason}: bf16 numerics, "
+                      "expect it several times slower than fp32", PrecisionFallback, stacklevel=2)
+        return "bf16"
+    warnings.warn(f"{field}=bf16 requested but {support.reason}: running in fp32 instead (bf16 would run in "
+                  f"torch's scalar fallback, several times slower). Set {field}=fp32 to silence this, or "
+                  f"{FORCE_ENV}=1 to run bf16 anyway", PrecisionFallback, stacklevel=2)
+    return "fp32"
+
+
+def autocast(precision: str, device: str | torch.device = "cpu") -> AbstractContextManager:
+    """The context a forward pass runs in: nothing for fp32 (bitwise the plain code), bf16 autocast
+    on ``device``'s type otherwise. ``precision`` is an already resolved one (:func:`resolve_precision`)."""
+    if precision == "fp32":
+        return nullcontext()
+    if precision != "bf16":
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+
+
+def full_precision(like: torch.Tensor) -> AbstractContextManager:
+    """Autocast off on ``like``'s device inside the block: statistics and losses computed there stay
+    fp32 (their inputs must be cast to fp32 by the caller). A no-op outside autocast."""
+    return torch.autocast(like.device.type, enabled=False)
+
+
+__all__ = ["CPU_BF16_FLAGS", "FORCE_ENV", "PRECISIONS", "Bf16Support", "PrecisionFallback", "autocast",
+           "bf16_support", "cpu_bf16_support", "cpu_flags", "full_precision", "resolve_precision"]
