@@ -71,7 +71,8 @@ _EVAL_ADDED_DEFAULTS = {"goal_source": "expert", "cost": "l1", "reach_source": "
                         "reach_max_gap": 50, "reach_steps": 2000, "precision": DEFAULT_PRECISION}
 _DATA_ADDED_DEFAULTS = {"shared_homes": False}
 _FEDERATION_ADDED_DEFAULTS = {"bn_recalibration": "probe", "secure_aggregation": False, "secagg_clip_range": 8.0,
-                              "secagg_bits": 24, "secagg_max_norm": None, "secagg_threshold": 2}
+                              "secagg_bits": 24, "secagg_max_norm": None, "secagg_threshold": 2,
+                              "update_norm_factor": 10.0, "update_max_norm": None, "aggregate": "mean", "trim": 1}
 
 
 class ModelConfig(_Section):
@@ -353,11 +354,27 @@ class FederationConfig(_Section):
     secagg_bits: int = Field(24, ge=8, le=30, description="b: [-c, c] is quantised to 2^b levels "
                              "(stochastic rounding); each coordinate of the mean is off by < 2c/2^b")
     secagg_max_norm: float | None = Field(None, gt=0, description="B: L2 bound on each released Δ, checked on "
-                                          "the participant before masking and as C·B on the sum; None: c·√n, "
-                                          "the bound the coordinate range already implies")
+                                          "the participant before masking and as C·B on the sum; None: the run's "
+                                          "step bound (federation/robust.py), at most c·√n")
     # 2: the fewest a sum can hide behind, so the most dropouts the protocol tolerates (C - 2).
     secagg_threshold: int = Field(2, ge=2, description="t: SecAgg+ shares needed to reconstruct a "
                                   "participant's secrets; a round finishes only while >= t participants remain")
+
+    # [robust] The coordinator's defence against one participant's update (federation/robust.py,
+    # docs/federation.md "Threat model / robust aggregation"). 10: the honest norms measured within a round
+    # differ by < 1.6x and between rounds by < 2.2x (experiment=micro, rungs 1, 3, 5), so 10 leaves 4x
+    # for more heterogeneous silos while an accepted update moves the mean by at most 10/C honest norms.
+    update_norm_factor: float | None = Field(10.0, gt=1, description="a reply with ‖Δ‖₂ above this multiple of "
+                                             "the round's reference norm (lower median of this round's and the last "
+                                             "3 rounds' norms) is dropped; None: the step bound alone")
+    update_max_norm: float | None = Field(None, gt=0, description="absolute ceiling on ‖Δ‖₂ per reply; None: the "
+                                          "run's step bound (H AdamW steps at train.lr, the backstop's rotation, "
+                                          "DP's clip and noise)")
+    aggregate: Literal["mean", "median", "trimmed_mean"] = Field(
+        "mean", description="mean (DiLoCo) | median | trimmed_mean, per coordinate over the accepted updates; the "
+        "robust ones need individual updates (not under secure_aggregation)")
+    trim: int = Field(1, ge=1, description="aggregate=trimmed_mean: values dropped at each end per coordinate; "
+                      "a round then needs >= 2·trim + 1 accepted updates")
 
     @model_serializer(mode="wrap")
     def _omit_added_defaults(self, handler):
