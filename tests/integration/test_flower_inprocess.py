@@ -151,6 +151,8 @@ def test_raising_node_with_quorum_one_round_completes(tmp_path):
     rounds = _lines(run_dir)
     assert rounds[0]["participants"] == ["silo-0"]
     (reason,) = rounds[0]["failures"].values()
+    # named by its silo although it never replied before (issue 33: it was node-<flower id>)
+    assert list(rounds[0]["failures"]) == ["silo-1"]
     # only the class crosses the silo boundary, never the message (it may hold private values)
     assert reason.startswith("failed: RuntimeError") and "on purpose" not in reason
     assert rounds[1]["participants"] == ["silo-0", "silo-1"]

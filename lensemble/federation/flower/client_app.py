@@ -126,19 +126,33 @@ def node_spec(context: Context, cfg: LensembleConfig, run_config: Mapping[str, A
 MARKER = "lensemble-error:"
 
 
-def sanitised(exc: BaseException) -> LensembleError:
+SILO_MARKER = "lensemble-silo:"
+
+
+def sanitised(exc: BaseException, silo: int | None = None) -> LensembleError:
     """``exc`` as it may leave the node: the same Lensemble class (so a fail-closed error still
     stops the run) or :class:`~lensemble.errors.ParticipantFailed` for any other exception, whose
     message is only a marker naming the class (``lensemble-error:RoundError``,
     ``lensemble-error:ParticipantFailed:KeyError``) and the class's default remediation. The
     server reads the marker wherever the runtime embeds the message
-    (:func:`~lensemble.federation.flower.transport.error_reason_label`)."""
+    (:func:`~lensemble.federation.flower.transport.error_reason_label`). ``silo`` (the node's
+    partition id, public run metadata) is appended as ``lensemble-silo:<i>``, so a node that fails
+    before it ever replied is reported as ``silo-<i>``, not by its Flower node id."""
+    where = f" {SILO_MARKER}{silo}" if silo is not None else ""
     if isinstance(exc, LensembleError):
         try:
-            return type(exc)(f"{MARKER}{type(exc).__name__}")
+            return type(exc)(f"{MARKER}{type(exc).__name__}{where}")
         except TypeError:  # a subclass with its own constructor
             pass
-    return ParticipantFailed(f"{MARKER}ParticipantFailed:{type(exc).__name__}")
+    return ParticipantFailed(f"{MARKER}ParticipantFailed:{type(exc).__name__}{where}")
+
+
+def partition_of(context: Context) -> int | None:
+    """This node's partition id from its node config, or None when it has none usable."""
+    try:
+        return int(context.node_config[PARTITION_ID])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def handle_train(msg: Message, context: Context, participant: Callable = participant_round,
@@ -151,7 +165,7 @@ def handle_train(msg: Message, context: Context, participant: Callable = partici
         return _handle_train(msg, context, participant, baked, federated)
     except Exception as exc:
         log.error("participant round failed on this node", exc_info=True)  # stays at the site
-        raise sanitised(exc) from None
+        raise sanitised(exc, partition_of(context)) from None
 
 
 def _handle_train(msg: Message, context: Context, participant: Callable,
@@ -209,4 +223,4 @@ def make_client_app(participant: Callable = participant_round, *,
 app = make_client_app()
 
 __all__ = ["app", "make_client_app", "handle_train", "node_spec", "default_state_dir", "config_from_round",
-           "sanitised", "MARKER"]
+           "sanitised", "partition_of", "MARKER", "SILO_MARKER"]

@@ -94,6 +94,7 @@ from lensemble.federation.flower.transport import (
     Outstanding,
     error_reason_label,
     global_for,
+    learn_silo,
     raise_if_fail_closed,
     wait_for_nodes,
 )
@@ -184,7 +185,7 @@ def secure_aggregation_mod(msg: Message, ctxt: Context, call_next: Callable) -> 
     """
     if not is_secure_message(msg):
         return call_next(msg, ctxt)
-    from lensemble.federation.flower.client_app import sanitised  # the handler's module imports this one
+    from lensemble.federation.flower.client_app import partition_of, sanitised  # that module imports this one
 
     held: dict[str, ArrayRecord] = {}
 
@@ -203,7 +204,7 @@ def secure_aggregation_mod(msg: Message, ctxt: Context, call_next: Callable) -> 
         check_secure_reply_content(reply.content)
     except Exception as exc:
         log.error("SecAgg+ stage failed on this node", exc_info=True)  # stays at the site
-        raise sanitised(exc) from None
+        raise sanitised(exc, partition_of(ctxt)) from None
     return reply
 
 
@@ -320,6 +321,7 @@ class _StageLink:
                 if nid is None:
                     continue
                 if msg.has_error():
+                    learn_silo(self.labels, nid, msg.error.reason)  # named silo-<i> even before its first reply
                     who = self.labels.get(nid, f"node-{nid}")
                     raise_if_fail_closed(who, msg.error.reason)
                     failed[nid] = f"failed: {error_reason_label(msg.error.reason)} (Flower error {msg.error.code})"

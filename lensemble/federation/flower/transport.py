@@ -74,6 +74,8 @@ REASON_MAX_CHARS = 400
 # an in-memory grid says how often it can be asked (``pull_interval``).
 PULL_S = 1.0
 _CLASS = re.compile(r"<class '([\w.]+)'>")
+# the partition id a ClientApp appends to its sanitised error (client_app.sanitised)
+_SILO = re.compile(r"lensemble-silo:(\d{1,6})\b")
 _MARKER = re.compile(r"lensemble-error:([A-Za-z_]\w{0,63})(?::([A-Za-z_]\w{0,63}))?")
 
 
@@ -189,6 +191,7 @@ def collect_replies(replies: Iterable[Message], node_ids: list[int], *, timeout_
         seen.add(nid)
         if msg.has_error():
             err = msg.error
+            learn_silo(labels, nid, err.reason)
             raise_if_fail_closed(label(nid), err.reason)
             failures[label(nid)] = f"failed: {error_reason_label(err.reason)} (Flower error {err.code})"
             continue
@@ -208,6 +211,17 @@ def collect_replies(replies: Iterable[Message], node_ids: list[int], *, timeout_
     for nid in sorted(expected - seen):
         failures[label(nid)] = f"did not reply within {timeout_s:g} s"
     return ok, failures, received
+
+
+def learn_silo(labels: dict[int, str], nid: int, reason: str | None) -> None:
+    """Name a node that failed before it ever replied by the partition id its error carries
+    (``lensemble-silo:<i>``), unless another node already answers to that name."""
+    found = _SILO.search(reason or "")
+    if nid in labels or not found:
+        return
+    name = participant_id(int(found.group(1)))
+    if name not in labels.values():
+        labels[nid] = name
 
 
 def global_for(participant: str | None, round_config: Mapping[str, Any], global_rec: ArrayRecord) -> ArrayRecord:
@@ -344,4 +358,4 @@ class GridAsk:
 
 
 __all__ = ["GridAsk", "Outstanding", "global_for", "wait_for_nodes", "collect_replies", "raise_if_fail_closed",
-           "error_reason_label"]
+           "error_reason_label", "learn_silo"]
