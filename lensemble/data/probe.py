@@ -58,6 +58,10 @@ def probe_hash(frames) -> str:
     if a.dtype != np.uint8 or a.ndim != 4 or a.shape[1] != 3:
         raise ProbeError(f"probe frames must be uint8 (P, 3, H, W), got {a.dtype} {a.shape}",
                          remediation="build the probe with lensemble.data.collect_silos")
+    if 0 in a.shape:  # an empty probe pins nothing, and every consumer needs frames (issue 33)
+        raise ProbeError(f"the public probe holds no frames (shape {a.shape}): drift, the anchor and the backstop "
+                         "all measure on its frames", remediation="raise data.probe_frames (>= 1) or rebuild the "
+                         "probe from a collection with public episodes (data.public_episodes)")
     h = hashlib.sha256(_DOMAIN)
     h.update(f"\0{a.dtype.str}\0{list(a.shape)}\0".encode())
     h.update(memoryview(a).cast("B"))
