@@ -361,9 +361,9 @@ class FederationConfig(_Section):
                                   "participant's secrets; a round finishes only while >= t participants remain")
 
     # [robust] The coordinator's defence against one participant's update (federation/robust.py,
-    # docs/federation.md "Threat model / robust aggregation"). 10: the honest norms measured within a round
-    # differ by < 1.6x and between rounds by < 2.2x (experiment=micro, rungs 1, 3, 5), so 10 leaves 4x
-    # for more heterogeneous silos while an accepted update moves the mean by at most 10/C honest norms.
+    # docs/federation.md "Threat model / robust aggregation"). 10: honest norms measured within a round
+    # differ by <= 1.7x (experiment=micro, rungs 1, 3, 5; they fall between rounds, which never trips it), so
+    # 10 leaves >= 5x for more heterogeneous silos while an accepted update moves the mean by <= 10/C of one.
     update_norm_factor: float | None = Field(10.0, gt=1, description="a reply with ‖Δ‖₂ above this multiple of "
                                              "the round's reference norm (lower median of this round's and the last "
                                              "3 rounds' norms) is dropped; None: the step bound alone")
