@@ -65,3 +65,12 @@ def test_bench_pusht_oracle_prints_the_ratio_and_the_difference():
     assert re.search(r"^ratio shadow/env steps/s: \d+\.\d+$", out, re.M), out
     m = re.search(r"^max \|embedding difference\| shadow vs env at the last step: (\S+) px$", out, re.M)
     assert m and float(m.group(1)) < 2.0, out  # within a tenth of PushT's 20 px success tolerance
+
+
+def test_bench_precision_small_prints_ratios_and_peak_shares():
+    out = _run("bench_precision.py", "--small", "--reps", "1")
+    assert re.search(r"^peak matmul: fp32 \d+\.\d GFLOP/s, bf16 \d+\.\d GFLOP/s", out, re.M), out
+    for name in ("train step", "plan call"):
+        m = re.search(rf"^{name}: (\d+\.\d+) GFLOP per \w+; fp32 .* of its peak\); bf16 .* of its peak\)$", out, re.M)
+        assert m and float(m.group(1)) > 0, out  # FLOPs counted from the model's shapes
+        assert re.search(rf"^ratio {name} fp32/bf16 time: \d+\.\d+x", out, re.M), out
