@@ -199,7 +199,7 @@ def evaluate_cmd(checkpoint: str = typer.Argument(..., help="checkpoint folder")
     from lensemble.report.eval_report import eval_report_paths
 
     print(report.to_json())
-    paths = eval_report_paths(checkpoint, out, policy=policy, split=split)
+    paths = eval_report_paths(checkpoint, out, policy=policy, split=split, seed=report.seed)
     _closing([f"Report: {paths.markdown} (also {paths.html.name}; EvalReport {paths.json})."])
 
 
@@ -316,7 +316,8 @@ def cli_evaluate(
     if report.rollout_error:
         table.add_row("rollout error", ", ".join(f"h={h}: {e:.3g}" for h, e in sorted(report.rollout_error.items())))
     console.print(table)
-    write_eval_report(report, checkpoint, eval_report_paths(checkpoint, out, policy=policy, split=split), split=split)
+    write_eval_report(report, checkpoint, eval_report_paths(checkpoint, out, policy=policy, split=split,
+                                                            seed=report.seed), split=split)
     return report
 
 

@@ -2,7 +2,7 @@
 
 :func:`eval_report_paths` says where it goes: beside the ``--out`` JSON (``x.json`` -> ``x.md``,
 ``x.html``, ``x-figures/success.png``), else in the checkpoint's run folder under
-``evaluations/<checkpoint label>/`` (``report.md``, ``report.html``, ``eval.json``,
+``evaluations/<checkpoint label>-<policy>-<split>-seed<seed>/`` (``report.md``, ``report.html``, ``eval.json``,
 ``figures/success.png``), so it never overwrites a run's own ``report.md``. Every file goes
 through ``guard_export``.
 """
@@ -50,13 +50,15 @@ def checkpoint_label(checkpoint: str | Path) -> str:
 
 
 def eval_report_paths(checkpoint: str | Path, out: str | Path | None, *, policy: str = "mpc",
-                      split: str = "heldout") -> EvalReportPaths:
-    """See the module docstring."""
+                      split: str = "heldout", seed: int | None = None) -> EvalReportPaths:
+    """See the module docstring. ``seed`` (the evaluation's ``eval.seed``) names the folder too, so
+    evaluations of one checkpoint with different seeds keep their own reports (issue 33)."""
     if out:
         out = Path(out)
         return EvalReportPaths(out, out.with_suffix(".md"), out.with_suffix(".html"),
                                out.parent / f"{out.stem}-figures" / "success.png")
-    folder = run_folder_of(checkpoint) / "evaluations" / f"{checkpoint_label(checkpoint)}-{policy}-{split}"
+    tail = f"-seed{seed}" if seed is not None else ""
+    folder = run_folder_of(checkpoint) / "evaluations" / f"{checkpoint_label(checkpoint)}-{policy}-{split}{tail}"
     return EvalReportPaths(folder / "eval.json", folder / "report.md", folder / "report.html",
                            folder / "figures" / "success.png")
 

@@ -25,3 +25,16 @@ def test_an_absurd_number_of_evaluation_episodes_is_refused_before_anything_runs
     with pytest.raises(ConfigError, match="at most 10,000"):
         validate_request("swm/TwoRoom-v1", load_config(["experiment=micro", f"eval.episodes={MAX_EPISODES + 1}"]))
     assert validate_request("swm/TwoRoom-v1", micro_cfg, episodes=MAX_EPISODES).episodes == micro_cfg.eval.episodes
+
+
+def test_evaluations_with_different_seeds_keep_their_own_report_folders(tmp_path):
+    # issue 33, case 6: both wrote evaluations/<ckpt>-mpc-heldout/ and the second overwrote the first
+    from lensemble.report.eval_report import eval_report_paths
+
+    run = tmp_path / "run"
+    (run / "rounds" / "round-0001" / "model").mkdir(parents=True)
+    (run / "summary.json").write_text("{}")
+    ckpt = run / "rounds" / "round-0001" / "model"
+    a, b = (eval_report_paths(ckpt, None, seed=s) for s in (0, 1))
+    assert a.json.parent != b.json.parent
+    assert a.json.parent == run / "evaluations" / "round-0001-mpc-heldout-seed0"
