@@ -16,16 +16,25 @@ The interval treats the two models' episodes as independent samples. They are th
 (equal goal-spec hash), and outcomes of two models on the same task are usually positively
 correlated, which makes this interval wider than a paired one: the rule errs towards
 "indistinguishable".
+
+**Gap recovery** (:func:`gap_sentence`, with ``lensemble run --baselines``). ρ is named with its
+interval only when the 95 % interval of S_twin − S_local excludes 0; otherwise the words say the
+gap is not distinguishable from 0 and ρ undefined, whatever the point estimates.
+
+**Drift** (:func:`drift_sentence`) leads with the variance-weighted measures; the full-space
+geodesic angle is left to the report's tables.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from lensemble.eval.stats import compare_proportions, wilson_interval
 from lensemble.observability.progress import format_bytes  # re-exported for run_report
+from lensemble.study.gap import GapRecovery
 
 Reading = Literal["better", "worse", "indistinguishable"]
 
@@ -110,8 +119,16 @@ def _deg(x: float) -> str:
 
 
 def drift_sentence(rounds: Sequence[Mapping]) -> str:
-    """Frame drift per round in words, from the rounds' ``gauge/drift_angle_deg`` and
-    ``gauge/angle_to_warmstart_deg``; says so when no round had identifiable frames."""
+    """Frame drift in words, led by the variance-weighted measures (docs/gauge.md, §3).
+
+    The angle within the global model's 95 %-energy subspace (``gauge/drift_subspace_angle_deg``)
+    per round, then the last round's share of the participants' disagreement that a rotation
+    explains (``gauge/drift_rotation_share``). The full-space geodesic angle
+    (``gauge/drift_angle_deg``) is named only as a pointer to the report's tables: it sums the
+    rotation over every latent direction, the near-empty ones Procrustes turns freely included,
+    so it passes 180° and grows with noise (the report says how to read it). A run that recorded
+    no variance-weighted measure (an older one) gets the full-space angle, labelled as such.
+    """
     def points(key: str) -> list[tuple[int, float]]:
         return [(int(r.get("round", i)) + 1, float(r[key]))
                 for i, r in enumerate(rounds) if isinstance(r.get(key), (int, float))]
@@ -123,32 +140,73 @@ def drift_sentence(rounds: Sequence[Mapping]) -> str:
         return (f"{_deg(pts[0][1])} after round {pts[0][0]}, {_deg(pts[-1][1])} after round {pts[-1][0]} "
                 f"(largest {_deg(a_max)}, round {t_max})")
 
-    pts = points("gauge/drift_angle_deg")
-    last = rounds[-1] if rounds else {}
-    if not pts:
-        within = points("gauge/drift_subspace_angle_deg")
-        if not within:
-            return ("Frame drift was not identifiable in any round (degenerate probe embeddings, "
-                    "gauge/drift_degenerate = 1): the latent frames cannot be compared.")
-        # Rounds measured with degenerate pairs masked: the identified subspace still compares them.
-        return (f"The full rotation between the participants' and the global model's frames was not identifiable "
-                f"in any round (gauge/drift_degenerate = 1); within the global model's 95 %-energy subspace the "
-                f"angle was {series(within)}.")
-    text = f"Frame drift of the participants from the global model (mean geodesic angle on the public probe): {series(pts)}"
-    missing = len(rounds) - len(pts)
+    within, full = points("gauge/drift_subspace_angle_deg"), points("gauge/drift_angle_deg")
+    share = points("gauge/drift_rotation_share")
+    if not within and not full:
+        return ("Frame drift was not identifiable in any round (degenerate probe embeddings, "
+                "gauge/drift_degenerate = 1): the latent frames cannot be compared.")
+    if not within:
+        text = ("Frame drift of the participants from the global model (full-space geodesic angle on the public "
+                f"probe; this run recorded no variance-weighted measure): {series(full)}")
+        missing = len(rounds) - len(full)
+        if missing:
+            text += f"; {missing} round(s) had frames too degenerate to measure"
+        return text + "."
+    text = ("Frame drift of the participants from the global model, within the global model's 95 %-energy "
+            f"subspace of the public probe: {series(within)}")
+    missing = len(rounds) - len(within)
     if missing:
-        text += f"; {missing} round(s) had frames too degenerate to measure"
-    sub, share = last.get("gauge/drift_subspace_angle_deg"), last.get("gauge/drift_rotation_share")
-    if isinstance(sub, (int, float)) or isinstance(share, (int, float)):
-        parts = []
-        if isinstance(sub, (int, float)):
-            parts.append(f"within the global model's 95 %-energy subspace the angle was {_deg(float(sub))}")
-        if isinstance(share, (int, float)):
-            parts.append(f"a rotation explained {100 * float(share):.0f} % of the participants' disagreement "
-                         "with the global model")
-        text += f". After the last round, {' and '.join(parts)}"
-    if isinstance(last.get("gauge/angle_to_warmstart_deg"), (int, float)):
-        text += f". The global frame ended {_deg(float(last['gauge/angle_to_warmstart_deg']))} from the warm start's"
+        text += f"; {missing} round(s) could not be measured"
+    if share:
+        t, value = share[-1]
+        text += (f". After round {t} a rotation explained {100 * value:.0f} % of the participants' disagreement "
+                 "with the global model")
+    unidentified = sum(1 for r in rounds if r.get("gauge/drift_degenerate") == 1 and
+                       not isinstance(r.get("gauge/drift_angle_deg"), (int, float)))
+    if unidentified:
+        text += (f". In {unidentified} round(s) the full rotation was not identifiable (gauge/drift_degenerate = 1); "
+                 "the subspace angle still compares the frames")
+    if full:
+        text += (". The full-space geodesic angle, which also counts the directions the embeddings barely use, "
+                 "is in the report's drift tables")
+    return text + "."
+
+
+def _ratio(x: float) -> str:
+    """A ratio with two decimals; an infinite bootstrap bound (a replicate gap of 0) as ∞."""
+    return ("∞" if x > 0 else "−∞") if math.isinf(x) else f"{x:.2f}"
+
+
+def _points_ci(x: float, ci: Sequence[float]) -> str:
+    return f"{100 * x:+.0f} points [{100 * ci[0]:+.0f}, {100 * ci[1]:+.0f}]"
+
+
+def gap_sentence(gap: GapRecovery | None, local_rates: Sequence[float], twin: tuple[int, int], *,
+                 why: str | None = None) -> str:
+    """Gap recovery in words: the baselines' success and ρ = (S_fed − S_local)/(S_twin − S_local).
+
+    ``local_rates``: each local model's success rate on the shared tasks (S_local is their mean);
+    ``twin``: the twin's (successes, tasks); ``gap``: from
+    :func:`lensemble.report.baselines.gap_over_tasks` (one seed: a paired bootstrap over tasks), or
+    None with ``why``. ρ is named with its interval only when the interval of S_twin − S_local
+    excludes 0; otherwise the sentence says the gap is not distinguishable from 0 and ρ undefined.
+    """
+    k, n = twin
+    head = (f"Against baselines trained from the same warm start at the same budget and scored on the same {n} "
+            f"tasks, the {len(local_rates)} local models (each silo alone) planned "
+            f"{pct(sum(local_rates) / len(local_rates))} % on average and the data-parallel twin (the silos' data "
+            f"pooled) {rate_text(k, n)}")
+    if gap is None:
+        return f"{head}; gap recovery ρ was not computed: {why or 'no per-task outcomes'}."
+    den = _points_ci(gap.denominator, gap.denominator_ci)
+    if not gap.defined:
+        return (f"{head}: the twin − local gap ({den}) is not distinguishable from 0 on these tasks, so gap "
+                "recovery ρ is undefined; this run cannot say how much of the gap federation recovers.")
+    lo, hi = gap.rho_ci
+    text = (f"{head}: federation recovered ρ = {_ratio(gap.rho)} [{_ratio(lo)}, {_ratio(hi)}] of the twin − local "
+            f"gap ({den}; 95 % paired bootstrap over the tasks, one seed)")
+    if gap.denominator < 0:
+        text += ", but the local models planned better than the twin, so ρ does not read as recovery"
     return text + "."
 
 
@@ -175,4 +233,4 @@ def communication_sentence(rounds: Sequence[Mapping], inner_steps: int) -> str:
 
 
 __all__ = ["SuccessComparison", "communication_sentence", "compare_success", "drift_sentence", "format_bytes",
-           "rate_text", "reading_of", "smallest_resolvable_difference", "success_sentence"]
+           "gap_sentence", "rate_text", "reading_of", "smallest_resolvable_difference", "success_sentence"]

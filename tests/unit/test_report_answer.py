@@ -83,25 +83,37 @@ def test_smallest_resolvable_difference_shrinks_with_n():
     assert compare_success("a", k + round(d20 * 20) - 1, 20, "b", k, 20).reading == "indistinguishable"
 
 
-def test_drift_sentence():
-    rounds = [{"round": 0, "gauge/drift_angle_deg": 214.42, "gauge/angle_to_warmstart_deg": 163.4},
-              {"round": 1, "gauge/drift_angle_deg": 67.37, "gauge/angle_to_warmstart_deg": 238.41}]
-    text = drift_sentence(rounds)
-    assert "214.4° after round 1, 67.4° after round 2" in text and text.endswith("238.4° from the warm start's.")
-    weighted = drift_sentence([{"round": 0, "gauge/drift_angle_deg": 300.0, "gauge/drift_subspace_angle_deg": 35.24,
-                                "gauge/drift_rotation_share": 0.551}])
-    assert weighted == ("Frame drift of the participants from the global model (mean geodesic angle on the public "
-                        "probe): 300.0° after round 1. After the last round, within the global model's 95 %-energy "
-                        "subspace the angle was 35.2° and a rotation explained 55 % of the participants' "
-                        "disagreement with the global model.")
-    many = [{"round": t, "gauge/drift_angle_deg": float(10 * t)} for t in range(8)]
-    assert "0.0° after round 1, 70.0° after round 8 (largest 70.0°, round 8)" in drift_sentence(many)
+def test_drift_sentence_leads_with_the_variance_weighted_measures():
+    rounds = [{"round": 0, "gauge/drift_angle_deg": 422.3, "gauge/drift_subspace_angle_deg": 29.51,
+               "gauge/drift_rotation_share": 0.228, "gauge/angle_to_warmstart_deg": 425.6},
+              {"round": 1, "gauge/drift_angle_deg": 529.6, "gauge/drift_subspace_angle_deg": 36.78,
+               "gauge/drift_rotation_share": 0.5568, "gauge/angle_to_warmstart_deg": 577.1}]
+    assert drift_sentence(rounds) == (
+        "Frame drift of the participants from the global model, within the global model's 95 %-energy subspace "
+        "of the public probe: 29.5° after round 1, 36.8° after round 2. After round 2 a rotation explained 56 % of "
+        "the participants' disagreement with the global model. The full-space geodesic angle, which also counts "
+        "the directions the embeddings barely use, is in the report's drift tables.")
+    # the full-space numbers (hundreds of degrees) are not in the answer
+    assert "422" not in drift_sentence(rounds) and "577" not in drift_sentence(rounds)
+    many = [{"round": t, "gauge/drift_subspace_angle_deg": float(10 * t)} for t in range(8)]
+    text = drift_sentence(many)
+    assert "0.0° after round 1, 70.0° after round 8 (largest 70.0°, round 8)" in text
+    assert "full-space" not in text and "rotation explained" not in text
+    partly = drift_sentence([{"round": 0}, {"round": 1, "gauge/drift_subspace_angle_deg": 5.0}])
+    assert "5.0° after round 2; 1 round(s) could not be measured." in partly
+
+
+def test_drift_sentence_without_identifiable_frames_or_weighted_measures():
     degenerate = drift_sentence([{"round": 0, "gauge/drift_degenerate": 1}])
     assert "not identifiable" in degenerate and "°" not in degenerate
     masked = drift_sentence([{"round": 0, "gauge/drift_degenerate": 1, "gauge/drift_subspace_angle_deg": 4.31}])
-    assert "not identifiable in any round" in masked and "subspace the angle was 4.3° after round 1" in masked
-    partly = drift_sentence([{"round": 0, "gauge/drift_degenerate": 1}, {"round": 1, "gauge/drift_angle_deg": 5.0}])
-    assert "5.0° after round 2" in partly and "1 round(s) had frames too degenerate" in partly
+    assert "subspace of the public probe: 4.3° after round 1" in masked
+    assert "In 1 round(s) the full rotation was not identifiable" in masked
+    # a run recorded before the variance-weighted measures: the full-space angle, labelled as such
+    old = drift_sentence([{"round": 0, "gauge/drift_degenerate": 1}, {"round": 1, "gauge/drift_angle_deg": 5.0}])
+    assert old == ("Frame drift of the participants from the global model (full-space geodesic angle on the public "
+                   "probe; this run recorded no variance-weighted measure): 5.0° after round 2; 1 round(s) had "
+                   "frames too degenerate to measure.")
 
 
 def test_communication_sentence():
