@@ -129,6 +129,10 @@ def run(engine: str = typer.Option("ray", help="ray (Flower simulation engine) |
                                           help="closed-loop episodes per model after the rounds (default: eval.episodes)"),
         evaluate: bool = typer.Option(True, "--eval/--no-eval",
                                       help="evaluate the final model, the warm start and random actions"),
+        baselines: bool = typer.Option(False, "--baselines",
+                                       help="also train each silo's local model and the data-parallel twin from the "
+                                            "warm start at the federation's budget, score them on the same tasks and "
+                                            "report gap recovery rho (docs/evaluation.md)"),
         verbose: bool = VERBOSE,
         # [cluster] placement options (engine ray): not part of the config, so not of its hash
         ray_address: str = typer.Option(None, "--ray-address",
@@ -139,10 +143,12 @@ def run(engine: str = typer.Option("ray", help="ray (Flower simulation engine) |
                                           help="Ray GPUs per virtual client (engine ray; 1: one GPU per participant)"),
         overrides: list[str] = OVERRIDES):
     """Run a federated DiLoCo training (resumes a run folder that already holds rounds), evaluate
-    the final global model against the warm start and random actions, and write runs/<name>/report.md."""
+    the final global model against the warm start and random actions (with --baselines also the
+    local models and the data-parallel twin, and gap recovery rho), and write runs/<name>/report.md."""
     _console(verbose)
     from lensemble.federation.simulation import run_federated_simulation
     from lensemble.observability.progress import Heartbeat
+    from lensemble.report.baselines import run_baselines
     from lensemble.report.run_report import evaluate_run, write_run_report
     from lensemble.report.watch import RoundWatch
 
@@ -152,6 +158,9 @@ def run(engine: str = typer.Option("ray", help="ray (Flower simulation engine) |
         if placed and engine != "ray":
             raise ConfigError("--ray-address, --client-cpus and --client-gpus place Ray's virtual clients",
                               remediation="use them with --engine ray")
+        if baselines and not evaluate:  # refused before the rounds, not after them
+            raise ConfigError("--baselines compares planning success, which --no-eval skips",
+                              remediation="drop --no-eval or --baselines")
         with Heartbeat(RoundWatch(cfg, cfg.run_dir).status):
             if engine == "ray" and (verbose or placed):
                 # run_federated_simulation has no verbose switch nor placement; the flwr-run engine
@@ -163,7 +172,9 @@ def run(engine: str = typer.Option("ray", help="ray (Flower simulation engine) |
             else:
                 summary = run_federated_simulation(cfg, cfg.run_dir, engine=engine)
         evaluation = evaluate_run(cfg.run_dir, cfg, eval_episodes) if evaluate else None
-        report = write_run_report(cfg.run_dir, cfg, evaluation, engine=engine)
+        extra = (run_baselines(cfg.run_dir, cfg, evaluation.reports["federated"], evaluation.episodes)
+                 if baselines else None)
+        report = write_run_report(cfg.run_dir, cfg, evaluation, engine=engine, baselines=extra)
     except LensembleError as exc:
         _fail(exc)
     final = summary.get("final_checkpoint")

@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from lensemble.eval.figures import empty_panel, pyplot, save_figure  # noqa: F401  (re-exported)
 
 #: Colours per role, so the same model has the same colour in every figure.
-COLOURS = {"federated": "#1f5fa8", "warmstart": "#e08a1e", "random": "#8c8c8c", "global": "#202020"}
+COLOURS = {"federated": "#1f5fa8", "warmstart": "#e08a1e", "random": "#8c8c8c", "global": "#202020",
+           "twin": "#6a3d9a"}
 #: Participants' lines cycle through these (none of them is a role colour above).
 PARTICIPANT_COLOURS = ("#2ca02c", "#d62728", "#17becf", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f")
 

@@ -1,18 +1,12 @@
-"""The report of one federated run: evaluate the final and warm-start models, plot, explain.
+"""The report of one federated run: plot and explain what the run and its evaluation measured.
 
-:func:`evaluate_run` scores, after the rounds and from the committed checkpoints only, three
-things on the same closed-loop episodes (same ``eval.seed``, hence the same goal-spec hash):
-
-* ``federated``: the final global model (the last committed round), latent MPC;
-* ``warmstart``: the public warm start every participant started from, latent MPC;
-* ``random``: uniform random actions, the floor any planner must beat.
-
-Each result is an :class:`~lensemble.eval.reports.EvalReport` written to
-``<run>/eval/<arm>.json``; a later call reuses a file whose checkpoint hash, config hash, episode
-count and planner match, so rebuilding a report costs nothing.
+The evaluation itself is :mod:`lensemble.report.run_eval` (the federated model, the warm start and
+random actions on one task set) and, with ``lensemble run --baselines``,
+:mod:`lensemble.report.baselines` (the local models, the data-parallel twin and gap recovery ρ).
 
 :func:`write_run_report` reads ``summary.json``, ``drift/round-XXXX.json`` and those EvalReports
-and writes ``report.md``, ``report.html`` and ``figures/*.png`` into the run folder. Its
+and writes ``report.md``, ``report.html`` and ``figures/*.png`` into the run folder, and the
+evaluation's numbers into ``summary.json`` (:mod:`lensemble.report.run_summary`). Its
 :attr:`RunReport.lines` are the plain-language answer the CLI prints last; the words come from
 :mod:`lensemble.report.answer`'s rules. Every file goes through ``guard_export``.
 """
@@ -22,21 +16,21 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from lensemble.config.schema import LensembleConfig
-from lensemble.errors import CheckpointIntegrityError, EvaluationError
 from lensemble.eval.reports import EvalReport
-from lensemble.observability.progress import say
 from lensemble.report.answer import (
     communication_sentence,
     compare_success,
     drift_sentence,
     format_bytes,
+    gap_sentence,
     smallest_resolvable_difference,
     success_sentence,
 )
+from lensemble.report.baselines import TWIN, BaselineResult, arm_label, baseline_arms, source_of
 from lensemble.report.figures import (
     COLOURS,
     bytes_panel,
@@ -47,32 +41,39 @@ from lensemble.report.figures import (
     save_figure,
     success_panel,
 )
+from lensemble.report.run_eval import (  # the evaluation's names stay importable from here
+    ARM_LABEL,
+    ARM_TEXT,
+    ARMS,
+    EVAL_DIR,
+    RunEvaluation,
+    evaluate_run,
+    load_run_evaluation,
+    load_summary,
+)
+from lensemble.report.run_summary import write_evaluation_summary
 from lensemble.study.files import atomic_write
 from lensemble.study.report import render_html
 
-EVAL_DIR = "eval"
 FIG_DIR = "figures"
-ARMS = ("federated", "warmstart", "random")
-#: How each arm is named in sentences and in tables.
-ARM_TEXT = {"federated": "the federated model", "warmstart": "the warm start", "random": "random actions"}
-ARM_LABEL = {"federated": "federated model", "warmstart": "warm start", "random": "random actions"}
 FIGURES = ("overview.png", "success.png", "drift.png", "gauge.png", "losses.png", "communication.png")
 
 #: What the coordinator's gauge/* keys mean; a key not listed here is shown under its own name.
 GAUGE_KEYS = {
-    "gauge/drift_angle_deg": "mean geodesic angle, participants' frames to the global model's (°)",
-    "gauge/procrustes_residual": "mean ‖Q − I‖_F, participants to the global model",
-    "gauge/pairwise_angle_deg": "mean geodesic angle between participants (°)",
-    "gauge/pairwise_residual": "mean ‖Q − I‖_F between participants",
-    "gauge/angle_to_warmstart_deg": "geodesic angle of the global model's frame to the warm start's (°)",
+    # the variance-weighted drift first: what the answer leads with (docs/gauge.md, §3)
+    "gauge/drift_subspace_angle_deg": "mean angle within the global model's 95 %-energy subspace (°)",
+    "gauge/drift_rotation_share": "mean share of the participants' disagreement with the global model a rotation explains",
     "gauge/drift_rel_residual_before": "mean ‖E_c − E_global‖/‖E_global‖ before alignment, participants to global",
     "gauge/drift_rel_residual_after": "the same after the Procrustes rotation",
-    "gauge/drift_rotation_share": "mean share of that disagreement a rotation explains",
-    "gauge/drift_subspace_angle_deg": "mean angle within the global model's 95 %-energy subspace (°)",
+    "gauge/pairwise_subspace_angle_deg": "mean angle between participants within the 95 %-energy subspace (°)",
+    "gauge/pairwise_rotation_share": "mean share of their disagreement a rotation explains, between participants",
     "gauge/pairwise_rel_residual_before": "mean relative disagreement between participants before alignment",
     "gauge/pairwise_rel_residual_after": "the same after the Procrustes rotation",
-    "gauge/pairwise_rotation_share": "mean share of it a rotation explains, between participants",
-    "gauge/pairwise_subspace_angle_deg": "mean angle between participants within the 95 %-energy subspace (°)",
+    "gauge/drift_angle_deg": "mean full-space geodesic angle, participants' frames to the global model's (°)",
+    "gauge/procrustes_residual": "mean ‖Q − I‖_F, participants to the global model",
+    "gauge/pairwise_angle_deg": "mean full-space geodesic angle between participants (°)",
+    "gauge/pairwise_residual": "mean ‖Q − I‖_F between participants",
+    "gauge/angle_to_warmstart_deg": "full-space geodesic angle of the global model's frame to the warm start's (°)",
     "gauge/effective_dim": "mean effective dimension of the participants' probe embeddings",
     "gauge/global_effective_dim": "effective dimension of the global model's probe embeddings",
     "gauge/global_latent_std": "mean per-dimension std of the global model's probe embeddings",
@@ -82,126 +83,24 @@ GAUGE_KEYS = {
     "gauge/distill_skipped": "1 when no consensus frame could be distilled",
 }
 #: Labels of the drift reports' per-participant fields; others are shown under their own name.
-DRIFT_FIELDS = {"angle_deg": "geodesic angle (°)", "residual": "‖Q − I‖_F", "fit_residual": "rotation fit residual",
-                "relative_residual_before": "relative disagreement before alignment",
+DRIFT_FIELDS = {"subspace_angle_deg": "angle in the 95 %-energy subspace (°)",
                 "rotation_share": "share a rotation explains",
-                "subspace_angle_deg": "angle in the 95 %-energy subspace (°)",
+                "relative_residual_before": "relative disagreement before alignment",
+                "fit_residual": "rotation fit residual",
                 "subspace_tilt_deg": "tilt of the 95 %-energy subspace (°)",
-                "subspace_rank": "rank of the 95 %-energy subspace"}
+                "subspace_rank": "rank of the 95 %-energy subspace",
+                "angle_deg": "full-space geodesic angle (°)", "residual": "‖Q − I‖_F"}
+#: How to read the full-space angle, under the drift table (docs/gauge.md, "Variance-weighted misalignment").
+FULL_ANGLE_NOTE = (
+    "How to read the columns: the angle within the 95 %-energy subspace and the share a rotation explains weight "
+    "each latent direction by the energy the global model's probe embeddings put in it; they are the drift that "
+    "matters for averaging, and the answer above leads with them. The full-space geodesic angle (and ‖Q − I‖_F) "
+    "measures the whole Procrustes rotation over all latent directions, the near-empty ones too, which it turns "
+    "freely to fit noise: it adds the angles of up to d/2 rotation planes, so it passes 180°, grows with the latent "
+    "dimension and with each round's noise, and two embeddings identical in their strong directions read about "
+    "530° at d = 64 (docs/gauge.md). Read it only for trends within one run, never as how far the frames turned.")
 LOSS_KEYS = {"loss/pred": "prediction loss", "loss/sigreg": "SIGReg loss", "loss/anchor": "frame-anchor loss"}
 
-
-# ================================================================================== evaluation
-@dataclass
-class RunEvaluation:
-    """The three EvalReports of a run, where they are, and whether they were reused."""
-
-    episodes: int
-    reports: dict[str, EvalReport]
-    paths: dict[str, Path]
-    reused: dict[str, bool] = field(default_factory=dict)
-
-    @property
-    def goal_spec_hash(self) -> str:
-        return self.reports["federated"].goal_spec_hash
-
-
-def load_summary(run_dir: str | Path) -> dict:
-    """``<run>/summary.json`` (written by the coordinator when the rounds end)."""
-    path = Path(run_dir) / "summary.json"
-    if not path.is_file():
-        raise EvaluationError(f"{run_dir} holds no summary.json", remediation="run `lensemble run` first")
-    return json.loads(path.read_text())
-
-
-def final_checkpoint(run_dir: str | Path, summary: dict) -> Path:
-    """The last committed round's model folder (found from the run folder, not the recorded
-    path, so a moved run folder still works)."""
-    done = int(summary.get("rounds_completed") or 0)
-    if done < 1:
-        raise EvaluationError(f"{run_dir} has no committed round", remediation="run at least one round")
-    return Path(run_dir) / "rounds" / f"round-{done - 1:04d}" / "model"
-
-
-def warmstart_checkpoint(run_dir: str | Path, cfg: LensembleConfig) -> Path:
-    """The warm start the run started from: ``federation.warmstart``, else the one it trained."""
-    if cfg.federation.warmstart:
-        return Path(cfg.federation.warmstart)
-    return Path(run_dir) / "warmstart" / "checkpoints" / f"step-{cfg.train.warmstart_steps:06d}"
-
-
-def _reusable(path: Path, *, checkpoint_hash: str, cfg: LensembleConfig, episodes: int, policy: str) -> EvalReport | None:
-    if not path.is_file():
-        return None
-    try:
-        rep = EvalReport.from_json(path.read_text())
-    except Exception:  # noqa: BLE001 - an unreadable old file is simply recomputed
-        return None
-    planner = cfg.eval.planner if policy == "mpc" else "random"
-    same = (rep.checkpoint_hash == checkpoint_hash and rep.config_hash == cfg.config_hash()
-            and rep.n_episodes == episodes and rep.planner == planner and rep.seed == cfg.eval.seed
-            and rep.env_id == cfg.env.id)
-    return rep if same else None
-
-
-def evaluate_run(run_dir: str | Path, cfg: LensembleConfig, episodes: int | None = None, *,
-                 progress: bool = True, parallel: int = 8) -> RunEvaluation:
-    """Score the final global model, the warm start and random actions on the same episodes.
-
-    ``episodes`` defaults to ``cfg.eval.episodes``. The checkpoints are the committed ones; each
-    report's verified checkpoint hash must equal the one ``summary.json`` records (else
-    CheckpointIntegrityError). Nothing here touches training: it runs after the rounds.
-    """
-    import torch
-
-    from lensemble.eval.closed_loop import evaluate
-
-    run_dir = Path(run_dir)
-    summary = load_summary(run_dir)
-    n = int(episodes if episodes is not None else cfg.eval.episodes)
-    if n < 1:
-        raise EvaluationError(f"--eval-episodes must be >= 1, got {n}", remediation="pass N >= 1 or --no-eval")
-    torch.set_num_threads(cfg.train.threads)
-    final = final_checkpoint(run_dir, summary)
-    warm = warmstart_checkpoint(run_dir, cfg)
-    plan = {"federated": (final, "mpc", summary.get("final_hash")),
-            "warmstart": (warm, "mpc", summary.get("warmstart_hash")),
-            "random": (final, "random", summary.get("final_hash"))}
-    reports, paths, reused = {}, {}, {}
-    for arm in ARMS:
-        checkpoint, policy, expected = plan[arm]
-        path = run_dir / EVAL_DIR / f"{arm}.json"
-        paths[arm] = path
-        rep = _reusable(path, checkpoint_hash=expected, cfg=cfg, episodes=n, policy=policy) if expected else None
-        reused[arm] = rep is not None
-        if rep is None:
-            say(f"evaluating {ARM_TEXT[arm]} on {n} held-out episodes ({policy})", enabled=progress)
-            rep = evaluate(checkpoint, cfg.env.id, cfg=cfg, episodes=n, split="heldout", policy=policy,
-                           ladder=False, progress=progress, parallel=parallel)
-            if expected and rep.checkpoint_hash != expected:
-                raise CheckpointIntegrityError(
-                    f"{checkpoint} has hash {rep.checkpoint_hash[:12]}…, summary.json records {expected[:12]}…",
-                    remediation="the run folder was changed after the run; rerun it in a new folder")
-            rep.write(path)
-        reports[arm] = rep
-    if any(reused.values()):
-        say("reused " + ", ".join(f"{EVAL_DIR}/{a}.json" for a in ARMS if reused[a])
-            + " (same checkpoint, config and episodes)", enabled=progress)
-    hashes = {rep.goal_spec_hash for rep in reports.values()}
-    if len(hashes) != 1:
-        raise EvaluationError("the run's evaluations were scored on different tasks (goal-spec hashes differ)",
-                              remediation=f"delete {run_dir / EVAL_DIR} and rerun")
-    return RunEvaluation(n, reports, paths, reused)
-
-
-def load_run_evaluation(run_dir: str | Path) -> RunEvaluation | None:
-    """The EvalReports already in ``<run>/eval/``, or None when any arm is missing."""
-    run_dir = Path(run_dir)
-    paths = {arm: run_dir / EVAL_DIR / f"{arm}.json" for arm in ARMS}
-    if not all(p.is_file() for p in paths.values()):
-        return None
-    reports = {arm: EvalReport.from_json(p.read_text()) for arm, p in paths.items()}
-    return RunEvaluation(reports["federated"].n_episodes, reports, paths, {a: True for a in ARMS})
 
 
 # ================================================================================== run data
@@ -233,7 +132,7 @@ def _participant_fields(drift: dict[int, dict]) -> list[str]:
             for k, v in rec.items():
                 if _is_num(v) and k not in fields:
                     fields.append(k)
-    order = ["angle_deg", "residual", "fit_residual"]
+    order = list(DRIFT_FIELDS)  # variance-weighted first, the full-space angle and ‖Q − I‖_F last
     return [f for f in order if f in fields] + [f for f in fields if f not in order]
 
 
@@ -246,11 +145,16 @@ def _series(rounds: list[dict], key: str) -> list[tuple[int, float]]:
     return [(int(r.get("round", i)) + 1, float(r[key])) for i, r in enumerate(rounds) if _is_num(r.get(key))]
 
 
-def _success_rows(evaluation: RunEvaluation | None):
+def _success_rows(evaluation: RunEvaluation | None, baselines: BaselineResult | None = None):
     if evaluation is None:
         return []
-    return [(ARM_LABEL[a], r.n_successes, r.n_episodes, tuple(r.success_ci), COLOURS[a])
+    rows = [(ARM_LABEL[a], r.n_successes, r.n_episodes, tuple(r.success_ci), COLOURS[a])
             for a, r in evaluation.reports.items()]
+    for i, (a, r) in enumerate((baselines.reports if baselines else {}).items()):
+        # a local model takes its participant's colour, as in the drift figures
+        colour = COLOURS[TWIN] if a == TWIN else participant_colour(i)
+        rows.append((a, r.n_successes, r.n_episodes, tuple(r.success_ci), colour))
+    return rows
 
 
 def _drift_panels(axes, rounds, drift, participants, fields) -> None:
@@ -270,6 +174,9 @@ def _drift_panels(axes, rounds, drift, participants, fields) -> None:
             series[f"{p} → global"] = [(t + 1, rep["drift_from_global"].get(p, {}).get(f))
                                        for t, rep in sorted(drift.items())]
             styles[f"{p} → global"] = {"color": participant_colour(i)}
+        if f == "subspace_angle_deg":
+            series["mean (gauge/drift_subspace_angle_deg)"] = _series(rounds, "gauge/drift_subspace_angle_deg")
+            styles["mean (gauge/drift_subspace_angle_deg)"] = {"color": COLOURS["global"], "ls": "--"}
         if f == "angle_deg":
             series["mean (gauge/drift_angle_deg)"] = _series(rounds, "gauge/drift_angle_deg")
             series["global → warm start"] = _series(rounds, "gauge/angle_to_warmstart_deg")
@@ -280,7 +187,7 @@ def _drift_panels(axes, rounds, drift, participants, fields) -> None:
 
 
 def write_run_figures(run_dir: Path, cfg: LensembleConfig, summary: dict, drift: dict[int, dict],
-                      evaluation: RunEvaluation | None) -> list[str]:
+                      evaluation: RunEvaluation | None, baselines: BaselineResult | None = None) -> list[str]:
     """Every figure of the run report into ``<run>/figures/``; returns their relative paths."""
     plt = pyplot()
     fig_dir = run_dir / FIG_DIR
@@ -292,8 +199,9 @@ def write_run_figures(run_dir: Path, cfg: LensembleConfig, summary: dict, drift:
 
     # overview: the one figure the README shows
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.6))
-    success_panel(axes[0, 0], _success_rows(evaluation), f"Planning success, {n_eval} held-out episodes")
-    _drift_panels([axes[0, 1]], rounds, drift, participants, ["angle_deg"] if "angle_deg" in fields else [])
+    success_panel(axes[0, 0], _success_rows(evaluation, baselines), f"Planning success, {n_eval} held-out episodes")
+    # the drift panel leads with the variance-weighted angle, as the answer does
+    _drift_panels([axes[0, 1]], rounds, drift, participants, fields[:1])
     lines_panel(axes[1, 0], {LOSS_KEYS.get(k, k): _series(rounds, k) for k in _keys(rounds, "loss/")},
                 "loss (mean over participants)", "Losses per round")
     bytes_panel(axes[1, 1], per_round_bytes, h, "Bytes per round vs per-step synchronisation")
@@ -302,7 +210,8 @@ def write_run_figures(run_dir: Path, cfg: LensembleConfig, summary: dict, drift:
     save_figure(fig, fig_dir / "overview.png", dpi=80)
 
     fig, ax = plt.subplots(figsize=(5.5, 4))
-    success_panel(ax, _success_rows(evaluation), f"Planning success, {n_eval} held-out episodes (same tasks)")
+    success_panel(ax, _success_rows(evaluation, baselines),
+                  f"Planning success, {n_eval} held-out episodes (same tasks)")
     save_figure(fig, fig_dir / "success.png")
 
     panels = fields + ["effective_dim"]
@@ -385,8 +294,10 @@ def comparison_rows(pairs, reports: Mapping[str, EvalReport], labels: Mapping[st
     return lines
 
 
-def answer_lines(cfg: LensembleConfig, summary: dict, evaluation: RunEvaluation | None) -> list[str]:
-    """The plain-language answer: success against the floors, drift, communication."""
+def answer_lines(cfg: LensembleConfig, summary: dict, evaluation: RunEvaluation | None,
+                 baselines: BaselineResult | None = None) -> list[str]:
+    """The plain-language answer: success against the floors (and, with the baselines, gap
+    recovery ρ in the same line), drift, communication."""
     rounds = summary.get("rounds") or []
     if evaluation is None:
         first = ("Planning success was not measured (--no-eval); `lensemble run` without --no-eval "
@@ -394,16 +305,61 @@ def answer_lines(cfg: LensembleConfig, summary: dict, evaluation: RunEvaluation 
     else:
         counts = {ARM_TEXT[a]: (r.n_successes, r.n_episodes) for a, r in evaluation.reports.items()}
         first = success_sentence(ARM_TEXT["federated"], counts, [ARM_TEXT["random"], ARM_TEXT["warmstart"]])
+        if baselines is not None:
+            twin = baselines.twin
+            first += " " + gap_sentence(baselines.gap, [r.success_rate for r in baselines.locals],
+                                        (twin.n_successes, twin.n_episodes), why=baselines.gap_error)
     return [first, drift_sentence(rounds), communication_sentence(rounds, cfg.federation.inner_steps)]
 
 
+def _interval(x: float | None, ci, spec: str, scale: float = 1.0) -> str:
+    if x is None:
+        return "–"
+    return f"{format(scale * x, spec)} [{format(scale * ci[0], spec)}, {format(scale * ci[1], spec)}]"
+
+
+def baselines_markdown(cfg: LensembleConfig, summary: dict, baselines: BaselineResult) -> list[str]:
+    """The report's section on the baselines: their budget, training time and ρ with its intervals."""
+    rounds, h = int(summary.get("rounds_completed") or 0), cfg.federation.inner_steps
+    c, b = cfg.data.num_silos, cfg.train.batch_size
+    lines = ["## What federation recovered: the baselines (`--baselines`)", "",
+             f"From the warm start the federation started from, at the federation's budget: each local model "
+             f"trained on its silo alone for its participant's {rounds} × H = {rounds * h} steps at {b} clips per "
+             f"step; the data-parallel twin trained the federation's {rounds * h} sequential steps at C × B = "
+             f"{c * b} clips per step on the silos' data pooled. Their rows are in the success table above (same "
+             "tasks, same goal-spec hash).", "",
+             "| model | data | steps | clips per step | training wall time | checkpoint |", "|---|---|---|---|---|---|"]
+    for arm in baseline_arms(cfg):
+        t = baselines.trained[arm]
+        took = "reused" if t.reused else f"{t.seconds:.0f} s"
+        lines.append(f"| {arm_label(arm)} | {source_of(arm)} | {t.steps} | {t.batch_size} | {took} | "
+                     f"`{t.checkpoint_hash[:12]}…` |")
+    g = baselines.gap
+    lines += ["", "| quantity | estimate [95 %] |", "|---|---|"]
+    if g is None:
+        lines += [f"| ρ | not computed: {baselines.gap_error} |", ""]
+        return lines
+    rho = _interval(g.rho, g.rho_ci, ".2f") if g.defined else f"undefined: {g.reason}"
+    lines += [f"| S_fed − S_local (points) | {_interval(g.numerator, g.numerator_ci, '+.1f', 100)} |",
+              f"| S_twin − S_local (points) | {_interval(g.denominator, g.denominator_ci, '+.1f', 100)} |",
+              f"| ρ = (S_fed − S_local) / (S_twin − S_local) | {rho} |", "",
+              f"The intervals are a paired bootstrap over the {g.n_seeds} tasks ({g.n_boot} replicates, "
+              f"percentile, generator seed {g.seed}): each replicate resamples the tasks once for all three arms, "
+              f"and S_local on a task is the mean success of the {c} local models there. A run is one seed, so "
+              "they say how sure these tasks make ρ for these models, not how ρ varies between training seeds "
+              "(`lensemble study` bootstraps over seeds). ρ is undefined when the interval of S_twin − S_local "
+              "contains 0: there is no measured gap to recover.", ""]
+    return lines
+
+
 def render_run_markdown(cfg: LensembleConfig, summary: dict, drift: dict[int, dict],
-                        evaluation: RunEvaluation | None, figures: list[str], *, engine: str | None = None) -> str:
+                        evaluation: RunEvaluation | None, figures: list[str], *, engine: str | None = None,
+                        baselines: BaselineResult | None = None) -> str:
     rounds = summary.get("rounds") or []
     n_rounds = int(summary.get("rounds_completed") or 0)
     h = cfg.federation.inner_steps
     lines = [f"# Run `{cfg.name}`: {n_rounds} DiLoCo rounds, {cfg.data.num_silos} participants", ""]
-    lines += ["## The answer", ""] + [f"- {s}" for s in answer_lines(cfg, summary, evaluation)] + [""]
+    lines += ["## The answer", ""] + [f"- {s}" for s in answer_lines(cfg, summary, evaluation, baselines)] + [""]
     lines += [f"![Overview: success, drift, losses, bytes]({FIG_DIR}/overview.png)", ""]
 
     lines += ["## Planning success", ""]
@@ -416,7 +372,9 @@ def render_run_markdown(cfg: LensembleConfig, summary: dict, drift: dict[int, di
                   f"{goal_text(ev.goal_source, ev.goal_offset)}, budget {ev.budget} env steps, eval seed {ev.seed}). "
                   f"Every model ran the same tasks: goal-spec hash `{evaluation.goal_spec_hash[:16]}…`. "
                   "Success is the environment's own test.", ""]
-        lines += success_table(evaluation.reports, ARM_LABEL) + [""]
+        extra = baselines.reports if baselines else {}
+        lines += success_table({**evaluation.reports, **extra},
+                               {**ARM_LABEL, **{a: arm_label(a) for a in extra}}) + [""]
         lines += comparison_rows([("federated", "random"), ("federated", "warmstart"), ("warmstart", "random")],
                                  evaluation.reports, ARM_LABEL) + [""]
         lines += ["A difference is read as better or worse only when its 95 % interval (Newcombe's, from the "
@@ -425,13 +383,15 @@ def render_run_markdown(cfg: LensembleConfig, summary: dict, drift: dict[int, di
                   "the same tasks. Success is the environment's flag; the last column counts the successes "
                   "whose every step crossed the wall only through a door (docs/evaluation.md).", "",
                   f"![Success with 95 % Wilson intervals]({FIG_DIR}/success.png)", ""]
-        lines += ["EvalReports: " + ", ".join(f"`{EVAL_DIR}/{a}.json`" for a in evaluation.reports), ""]
+        lines += ["EvalReports: " + ", ".join(f"`{EVAL_DIR}/{a}.json`" for a in {**evaluation.reports, **extra}), ""]
+        if baselines is not None:
+            lines += baselines_markdown(cfg, summary, baselines)
 
     lines += ["## Frame drift per round", ""]
     participants, fields = _participants(drift), _participant_fields(drift)
     if drift:
         lines += ["From `drift/round-XXXX.json`: each participant's frame against the global model's after "
-                  "the round, on the public probe (Procrustes rotation Q; angle = geodesic angle of Q).", ""]
+                  "the round, on the public probe's measurement frames (Procrustes rotation Q).", ""]
         head = ["round", "who", *fields, "effective dim"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for t, rep in sorted(drift.items()):
@@ -446,7 +406,7 @@ def render_run_markdown(cfg: LensembleConfig, summary: dict, drift: dict[int, di
                 glob[fields.index("angle_deg")] = fmt(r.get("gauge/angle_to_warmstart_deg"), ".2f")
             lines.append(f"| {t + 1} | global → warm start | " + " | ".join(glob)
                          + f" | {fmt((rep.get('effective_dim') or {}).get('global'), '.2f')} |")
-        lines += [""]
+        lines += ["", FULL_ANGLE_NOTE, ""]
     else:
         lines += ["No round had identifiable frames (degenerate probe embeddings); no drift report.", ""]
     lines += [f"![Frame drift per round]({FIG_DIR}/drift.png)", ""]
@@ -490,9 +450,12 @@ def render_run_markdown(cfg: LensembleConfig, summary: dict, drift: dict[int, di
                  f"when they differ by about {100 * smallest_resolvable_difference(evaluation.episodes):.0f} "
                  "points or more; `--eval-episodes` with a larger N narrows the intervals." if evaluation else ""),
               "- **Frame drift** says how far the participants' latent frames rotate away from the global "
-              "model's. It does not by itself decide success (in the CPU study naive runs drifted 95–168°, "
-              "anchored ones 31–34°, and no gauge-controlled rung planned better than naive), but drift that keeps growing round after round, "
-              "or an effective dimension falling towards 1, are the signs of a federation coming apart.",
+              "model's, read within the global model's 95 %-energy subspace (where the embeddings carry their "
+              "signal) and as the share of their disagreement a rotation explains. It does not by itself decide "
+              "success (in the CPU study naive runs drifted 95–168° and anchored ones 31–34° in the full-space "
+              "angle, and no gauge-controlled rung planned better than naive), but a subspace angle that keeps "
+              "growing round after round, or an effective dimension falling towards 1, are the signs of a "
+              "federation coming apart.",
               "- **Communication**: DiLoCo exchanges one update per round; per-step synchronisation would "
               f"exchange H = {h} times as much.", ""]
 
@@ -518,20 +481,25 @@ class RunReport:
 
 
 def write_run_report(run_dir: str | Path, cfg: LensembleConfig, evaluation: RunEvaluation | None = None, *,
-                     engine: str | None = None) -> RunReport:
-    """Figures, ``report.md`` and ``report.html`` for a finished run; returns a :class:`RunReport`.
+                     engine: str | None = None, baselines: BaselineResult | None = None) -> RunReport:
+    """Figures, ``report.md`` and ``report.html`` for a finished run, and the evaluation's numbers
+    in ``summary.json`` (:func:`~lensemble.report.run_summary.write_evaluation_summary`); returns a
+    :class:`RunReport`.
 
     ``evaluation`` comes from :func:`evaluate_run`; None reports a run without planning success.
+    ``baselines`` (from :func:`lensemble.report.baselines.run_baselines`) adds their rows and ρ.
     """
     run_dir = Path(run_dir)
     summary = load_summary(run_dir)
     drift = load_drift(run_dir, int(summary.get("rounds_completed") or 0))
-    figures = write_run_figures(run_dir, cfg, summary, drift, evaluation)
-    md = render_run_markdown(cfg, summary, drift, evaluation, figures, engine=engine)
+    figures = write_run_figures(run_dir, cfg, summary, drift, evaluation, baselines)
+    md = render_run_markdown(cfg, summary, drift, evaluation, figures, engine=engine, baselines=baselines)
     atomic_write(run_dir / "report.md", md)
     atomic_write(run_dir / "report.html", render_html(md, f"Run {cfg.name}"))
+    write_evaluation_summary(run_dir, cfg, evaluation, baselines)
     return RunReport(run_dir / "report.md", run_dir / "report.html",
-                     tuple(run_dir / f for f in figures), tuple(answer_lines(cfg, summary, evaluation)))
+                     tuple(run_dir / f for f in figures), tuple(answer_lines(cfg, summary, evaluation, baselines)))
 
 
-__all__ = ["ARMS", "RunEvaluation", "RunReport", "evaluate_run", "load_run_evaluation", "write_run_report"]
+__all__ = ["ARMS", "ARM_LABEL", "ARM_TEXT", "EVAL_DIR", "FIGURES", "RunEvaluation", "RunReport", "answer_lines",
+           "evaluate_run", "load_run_evaluation", "write_run_report"]

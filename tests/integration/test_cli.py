@@ -71,3 +71,50 @@ def test_collect_train_run_drift_evaluate(tmp_path):
     assert (folder / "report.md").is_file() and (folder / "eval.json").is_file()
     assert res.output.strip().splitlines()[-1].startswith(f"Report: {folder / 'report.md'}")
     assert (tmp_path / "run" / "report.md").read_text().startswith("# Run `micro`")
+
+
+def test_run_with_baselines_reports_rho_in_summary_json(tmp_path):
+    """`lensemble run --baselines`: the local models and the twin train at the federation's budget
+    from its warm start, run the federated model's tasks, and summary.json carries every arm and ρ."""
+    from lensemble.artifacts.checkpoint import read_header
+
+    base = ["experiment=micro", f"data.root={tmp_path / 'data'}", f"run_dir={tmp_path / 'run'}"]
+    res = runner.invoke(app, ["run", "--engine", "inprocess", "--no-eval", "--baselines", *base])
+    assert res.exit_code == 2 and "--baselines compares planning success" in res.output
+    assert not (tmp_path / "run").exists()  # refused before any work
+    res = runner.invoke(app, ["run", "--engine", "inprocess", "--eval-episodes", "3", "--baselines", *base])
+    assert res.exit_code == 0, res.output
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    ev = summary["evaluation"]
+    arms = ("federated", "warmstart", "random", "local-0", "local-1", "twin")
+    assert set(ev["arms"]) == set(arms) and ev["episodes"] == 3
+    for arm in arms:  # one task set: every arm's goal-spec hash is the federated model's
+        rec = ev["arms"][arm]
+        assert rec["goal_spec_hash"] == ev["goal_spec_hash"], arm
+        assert rec["episodes"] == 3 and 0 <= rec["successes"] <= 3 and len(rec["success_ci"]) == 2
+        report = json.loads((run / rec["report"]).read_text())
+        assert report["goal_spec_hash"] == ev["goal_spec_hash"] and report["n_successes"] == rec["successes"]
+    # the federation's budget (2 rounds x H = 3 at batch 16; the twin at 2 x 16), from its warm start
+    assert ev["baselines"] == {"local_steps": 6, "local_batch_size": 16, "twin_steps": 6, "twin_batch_size": 32,
+                               "local_success_rate": (ev["arms"]["local-0"]["success_rate"]
+                                                      + ev["arms"]["local-1"]["success_rate"]) / 2}
+    for arm in ("local-0", "local-1", "twin"):
+        header = read_header(run / "baselines" / arm / "checkpoints" / "step-000006")
+        assert header["parent_hash"] == summary["warmstart_hash"]
+        assert header["content_hash"] == ev["arms"][arm]["checkpoint_hash"]
+    gap = ev["gap_recovery"]
+    assert gap["units"] == "tasks" and gap["n_units"] == 3 and gap["reference"] == "twin"
+    answer = [line for line in res.output.splitlines() if line.startswith("The federated model planned")]
+    assert len(answer) == 1
+    if gap["defined"]:
+        assert f"federation recovered ρ = {gap['rho']:.2f}" in answer[0]
+    else:
+        assert "so gap recovery ρ is undefined" in answer[0] and "ρ =" not in answer[0]
+    md = (run / "report.md").read_text()
+    assert "| local model of silo-0 |" in md and "| data-parallel twin |" in md and "paired bootstrap over" in md
+    # a second run reuses the rounds, the baselines and every evaluation
+    res = runner.invoke(app, ["run", "--engine", "inprocess", "--eval-episodes", "3", "--baselines", *base])
+    assert res.exit_code == 0, res.output
+    assert "reused baselines/twin" in res.output and "train pooled" not in res.output
+    assert json.loads((run / "summary.json").read_text())["evaluation"] == ev

@@ -125,18 +125,26 @@ def test_round_numbers_are_summary_json(micro_run):
     h = 3  # experiment=micro: federation.inner_steps
     for row, r in zip(table(md, "| round | bytes"), rounds, strict=True):
         assert row[1:3] == [str(r["fed/comm_bytes"]), str(h * r["fed/comm_bytes"])]
-    # drift per participant from drift/round-XXXX.json, the global against the warm start from summary.json
+    # drift per participant from drift/round-XXXX.json, the global against the warm start from summary.json;
+    # the variance-weighted columns lead, the full-space angle and ‖Q − I‖_F come last
     drift_rows = table(md, "| round | who |")
+    head = [c.strip() for c in md[md.index("| round | who |"):].splitlines()[0].strip("|").split("|")]
+    col = {name: head.index(label) for name, label in (
+        ("subspace_angle_deg", "subspace_angle_deg"), ("rotation_share", "rotation_share"),
+        ("angle_deg", "angle_deg"), ("residual", "residual"))}
+    assert col["subspace_angle_deg"] == 2 and col["rotation_share"] == 3 and col["angle_deg"] > 3
+    assert "How to read the columns" in md and "full-space geodesic angle" in md
     for t, r in enumerate(rounds):
         rep = json.loads((run_dir / "drift" / f"round-{t:04d}.json").read_text())
         mine = [row for row in drift_rows if row[0] == str(t + 1)]
         for row in mine[:-1]:
             who = row[1].split(" → ")[0]
-            assert row[2] == f"{rep['drift_from_global'][who]['angle_deg']:.2f}"
-            assert row[3] == f"{rep['drift_from_global'][who]['residual']:.2f}"
+            for field, i in col.items():
+                value = rep["drift_from_global"][who].get(field)
+                assert row[i] == ("–" if value is None else f"{value:.2f}"), field
             assert row[-1] == f"{rep['effective_dim'][who]:.2f}"
         assert mine[-1][1] == "global → warm start"
-        assert mine[-1][2] == f"{r['gauge/angle_to_warmstart_deg']:.2f}"
+        assert mine[-1][col["angle_deg"]] == f"{r['gauge/angle_to_warmstart_deg']:.2f}"
         assert len(mine) == len(rep["participants"]) + 1
     assert f"`{summary['final_hash']}`" in md and f"`{summary['config_hash']}`" in md
 
