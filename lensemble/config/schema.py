@@ -439,7 +439,7 @@ class EvalConfig(_Section):
         DEFAULT_PRECISION,
         description="fp32 | bf16: closed-loop encoding and planning under bf16 autocast (the cost in fp32; the "
         "ladder and the reachability fit stay fp32); falls back to fp32 with a warning on a device "
-        "without bf16 matrix units (docs/evaluation.md, 'Precision')",
+        "without bf16 matrix units (docs/model.md, 'Precision')",
     )
 
     @model_serializer(mode="wrap")

@@ -235,3 +235,22 @@ def test_the_evaluation_context_falls_back_without_units(without_bf16):
     with pytest.warns(PrecisionFallback, match="eval.precision"), on:
         assert not torch.is_autocast_enabled("cpu")
     assert on.precision == "fp32"
+
+
+def test_emulated_bf16_matmuls_track_torch_bf16_much_closer_than_fp32():
+    model = build_world_model(tiny_cfg(), init_seed=0).eval()
+    x = frames(16)
+    acts = torch.rand(16, 4, 4, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    out = {}
+    with torch.inference_mode():
+        for name, ctx in (("fp32", prec.nullcontext()), ("bf16", autocast("bf16"))):
+            with ctx:
+                z = model.encoder(x)
+                out[name] = torch.cat([z.float(), model.predictor.rollout(z[:, None], acts).float().flatten(1)], 1)
+        with autocast("bf16"), prec.emulate_bf16_matmuls():
+            z = model.encoder(x)
+            out["emu"] = torch.cat([z.float(), model.predictor.rollout(z[:, None], acts).float().flatten(1)], 1)
+    bf16_err = float((out["bf16"] - out["fp32"]).norm() / out["fp32"].norm())
+    emu_err = float((out["emu"] - out["bf16"]).norm() / out["fp32"].norm())
+    assert emu_err < 0.5 * bf16_err, (emu_err, bf16_err)
+    assert float((out["emu"] - out["fp32"]).norm() / out["fp32"].norm()) > 0.5 * bf16_err  # not just fp32
