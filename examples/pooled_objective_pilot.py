@@ -23,6 +23,7 @@ data and trains the warm start ONCE; every arm starts from that warm start:
     fed-pooled-frozen       sigreg pooled + bn frozen
     fed-pooled-h10 / -h200  fed-pooled at H = 10 (20 rounds) and H = 200 (1 round): the summaries'
                             staleness at the same 200 steps per participant
+    fed-pooled-anchor       fed-pooled on the anchored rung (gauge=anchor)
     random, oracle          the floors on the same tasks: random actions, and the true dynamics
                             (the environment's own simulator as the planner's model)
 
@@ -120,7 +121,12 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     "fed-sigreg-h10": ("fed", [SP, "federation.rounds=20", "federation.inner_steps=10"]),
     "fed-sigreg-h200": ("fed", [SP, "federation.rounds=1", "federation.inner_steps=200"]),
     "fed-pooled-h10": ("fed", [SP, BN + "pooled", "federation.rounds=20", "federation.inner_steps=10"]),
-    "fed-pooled-h200": ("fed", [SP, BN + "pooled", "federation.rounds=1", "federation.inner_steps=200"]),
+    # (a one-round run's participants take all 200 steps in one ask: the default 600 s deadline is too
+    # short on a busy 2-core box, where seed 0's first try lost silo-1 at 600 s)
+    "fed-pooled-h200": ("fed", [SP, BN + "pooled", "federation.rounds=1", "federation.inner_steps=200",
+                                "federation.round_timeout_s=3600"]),
+    # the anchored rung with the pooled objective: the new study's C3 arm (its seed spread plans the study)
+    "fed-pooled-anchor": ("fed", [SP, BN + "pooled", "gauge=anchor"]),
     # the floors: the warm start's checkpoint played by another policy (its model unused)
     "random": ("floor", []),
     "oracle": ("floor", []),

@@ -45,7 +45,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 from lensemble.study import power as pw
 
@@ -68,22 +67,6 @@ def arm_outcomes(cand: dict) -> dict[str, np.ndarray]:
     return {"warmstart": np.asarray(arms["warmstart"]["success"], float),
             "central": np.asarray(arms["central"]["success"], float),
             "local": np.mean(locals_, axis=0)}
-
-
-def spread(rates: np.ndarray, within_var: np.ndarray) -> dict:
-    """Seed spread of one arm: raw SD, moments SD and the raw SD's 80 % chi-square upper bound."""
-    k = len(rates)
-    var = float(np.var(rates, ddof=1)) if k > 1 else float("nan")
-    moments = math.sqrt(max(0.0, var - float(np.mean(within_var)))) if k > 1 else float("nan")
-    upper = math.sqrt(var * (k - 1) / stats.chi2.ppf(0.2, k - 1)) if k > 1 else float("nan")
-    return {"rates": [round(float(r), 4) for r in rates], "sd_raw": math.sqrt(var) if k > 1 else float("nan"),
-            "sd_moments": moments, "sd_raw_upper80": upper}
-
-
-def phi(a: np.ndarray, b: np.ndarray) -> float:
-    if a.std() == 0 or b.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(a, b)[0, 1])
 
 
 def main(argv=None) -> int:
@@ -110,7 +93,7 @@ def main(argv=None) -> int:
     print(f"Seed spread of {args.factor}: root seeds {', '.join(seeds)}, {n} shared tasks")
     for arm in ("warmstart", "central", "local"):
         y = np.stack([o[arm] for o in outs])                       # (seeds, tasks)
-        s = spread(y.mean(1), y.var(1, ddof=1) / n)
+        s = pw.seed_spread(y.mean(1), y.var(1, ddof=1) / n)
         out["arms"][arm] = s
         print(f"  {arm:9s} rates {s['rates']}  sd raw {s['sd_raw']:.3f} (80 % upper {s['sd_raw_upper80']:.3f})"
               f"  moments {s['sd_moments']:.3f}")
@@ -118,9 +101,9 @@ def main(argv=None) -> int:
     diff = d.mean(1)
     # What the power model needs is the seed spread of the *difference* (2·sd_train² there): a seed's
     # warm start and data move both arms, so this can be smaller than the per-arm spreads suggest.
-    paired = spread(diff, d.var(1, ddof=1) / n)
+    paired = pw.seed_spread(diff, d.var(1, ddof=1) / n)
     out["arms"]["paired"] = {k: (v / math.sqrt(2) if k != "rates" else v) for k, v in paired.items()}
-    within = [[phi(np.asarray(c["arms"]["central"]["success"], float), np.asarray(v["success"], float))
+    within = [[pw.episode_phi(np.asarray(c["arms"]["central"]["success"], float), np.asarray(v["success"], float))
                for k, v in c["arms"].items() if k.startswith("local-")] for c in cands]
     rho = float(np.nanmean([p for w in within for p in w]))
     out["central_minus_local"] = {"per_seed": [round(float(d), 4) for d in diff],

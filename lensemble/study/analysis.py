@@ -41,14 +41,13 @@ from lensemble.eval.stats import (
     holm,
     paired_t_test,
     test_verdict,
-    verdict,
     wilson_interval,
 )
 from lensemble.study.files import REMEASURED, atomic_write, load_failures, load_remeasured, load_summaries
-from lensemble.study.gap import gap_recovery
 from lensemble.study.homes import home_split
 from lensemble.study.plan import LADDER
 from lensemble.study.registry import load_registry
+from lensemble.study.rho import rho_in_cell, rho_table
 from lensemble.study.spec import ALL_ARMS
 
 ROUND_METRICS = ("gauge/drift_angle_deg", "gauge/global_effective_dim", "gauge/global_latent_std",
@@ -287,36 +286,6 @@ def _guard(label: str, comp: dict, alpha: float) -> None:
         raise EvaluationError(f"internal: {comp.get('id')} was about to be confirmed with a bound {bound} <= 0")
 
 
-def _rho(fed: dict, local: dict, central: dict, *, threshold: float, alpha: float, n_boot: int,
-         min_seeds: int = 2) -> dict:
-    seeds = sorted(s for s in set(fed) & set(local) & set(central)
-                   if None not in (fed[s].get("success"), local[s].get("success"), central[s].get("success")))
-    out = {"seeds": seeds, "n": len(seeds), "threshold": threshold, "rho": None, "rho_ci": None, "defined": False}
-    if len(seeds) < max(2, min_seeds):
-        out.update(label="inconclusive", reason=f"{len(seeds)} seed(s) with all three arms evaluated; the "
-                                                f"registry asks for at least {max(2, min_seeds)}")
-        return out
-    g = gap_recovery([fed[s]["success"] for s in seeds], [local[s]["success"] for s in seeds],
-                     [central[s]["success"] for s in seeds], n_boot=n_boot, seed=0, alpha=alpha)
-    out.update({"defined": g.defined, "rho": g.rho, "rho_ci": list(g.rho_ci) if g.rho_ci else None,
-                "numerator": g.numerator, "numerator_ci": list(g.numerator_ci), "denominator": g.denominator,
-                "denominator_ci": list(g.denominator_ci), "n_indeterminate": g.n_indeterminate})
-    if not g.defined:
-        out.update(label="inconclusive", reason="ρ undefined: " + (g.reason or ""))
-        return out
-    lo, hi = g.rho_ci
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        out["rho_ci"] = [lo if math.isfinite(lo) else None, hi if math.isfinite(hi) else None]
-        out.update(label="inconclusive", reason=f"the ρ interval is unbounded ({lo}, {hi}): some resampled "
-                                                "denominators are 0")
-        return out
-    v = verdict(g.rho, (lo, hi), delta=threshold, direction="increase")
-    if v.label == "confirmed" and not lo > 0:
-        raise EvaluationError(f"internal: ρ was about to be confirmed with the interval {(lo, hi)}")
-    out.update(label=v.label, reason=v.reason)
-    return out
-
-
 def _superseded(summaries: dict, reg: dict, plan: dict, registered_test: str) -> list[str]:
     """Why a study's design predates the corrected instruments (empty for a current study)."""
     out = []
@@ -467,10 +436,16 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
 
     # -- claim 3: ρ on the ladder
     c3 = by_id.get("C3")
+    reference = (c3 or {}).get("reference", "central")  # registries before the option: the centralized arm
     if c3:
-        res = _rho_cell(ladder, c3["treatment"], threshold=float(c3["threshold"]), alpha=alpha, n_boot=n_boot, min_seeds=min_seeds)
+        res = rho_in_cell(ladder, c3["treatment"], threshold=float(c3["threshold"]), alpha=alpha, n_boot=n_boot,
+                          min_seeds=min_seeds, reference=reference)
         claims_out.append({"id": "C3", "title": c3["title"], "label": res["label"], "reason": res["reason"],
                            "rho": res})
+
+    # -- descriptive: ρ of every federated arm of the ladder against each reference that ran
+    rho_rows = rho_table(ladder, threshold=float(c3["threshold"]) if c3 else 0.5, alpha=alpha, n_boot=n_boot,
+                         min_seeds=min_seeds)
 
     # -- claim 4: claims 2 and 3 at every sweep point (intersection-union)
     c4 = by_id.get("C4")
@@ -487,8 +462,9 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
                     comp.update(_decide(comp, alpha=alpha, p_adjusted=comp["p_adjusted"],
                                         p_falsify_adjusted=comp["p_falsify_adjusted"]))
                     row["C2"] = comp
-                row["C3"] = _rho_cell(cell_vals, c3["treatment"] if c3 else "anchor",
-                                      threshold=float(c3["threshold"]) if c3 else 0.5, alpha=alpha, n_boot=n_boot, min_seeds=min_seeds)
+                row["C3"] = rho_in_cell(cell_vals, c3["treatment"] if c3 else "anchor",
+                                        threshold=float(c3["threshold"]) if c3 else 0.5, alpha=alpha, n_boot=n_boot,
+                                        min_seeds=min_seeds, reference=reference)
                 points.append(row)
         labels = [x["label"] for r in points for x in (r.get("C2"), r["C3"]) if x]
         if not points:
@@ -519,8 +495,9 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
         rows = []
         for p, cell_vals in points.items():
             rows.append({"value": p, "key": groups[g][p]["key"],
-                         "rho": _rho_cell(cell_vals, anch, threshold=float(c3["threshold"]) if c3 else 0.5,
-                                          alpha=alpha, n_boot=n_boot, min_seeds=min_seeds) if c3 else None})
+                         "rho": rho_in_cell(cell_vals, anch, threshold=float(c3["threshold"]) if c3 else 0.5,
+                                            alpha=alpha, n_boot=n_boot, min_seeds=min_seeds,
+                                            reference=reference) if c3 else None})
         sweeps[g] = rows
 
     done = [r for r in planned if r in summaries]
@@ -564,6 +541,7 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
         "groups": groups,
         "home_split": home_split(plan, summaries),
         "sweeps": sweeps,
+        "rho_table": rho_rows,
         "cost": _cost(summaries),
         "hashes": {rid: {k: s.get(k) for k in ("config_hash", "manifest_hash", "checkpoint_hash",
                                                 "warmstart_hash", "probe_hash", "git_sha")}
@@ -582,17 +560,6 @@ def _json_default(x):
     if isinstance(x, (np.floating, np.integer)):
         return x.item()
     return str(x)
-
-
-def _rho_cell(cell_vals: dict, anchored: str, *, threshold: float, alpha: float, n_boot: int,
-              min_seeds: int = 2) -> dict:
-    need = {"fed": anchored, "local": "local", "central": "central"}
-    missing = [a for a in need.values() if a not in cell_vals]
-    if missing:
-        return {"label": "inconclusive", "reason": f"arm(s) {missing} not in this cell", "defined": False,
-                "rho": None, "rho_ci": None, "n": 0, "threshold": threshold}
-    return _rho(cell_vals[anchored], cell_vals["local"], cell_vals["central"], threshold=threshold,
-                alpha=alpha, n_boot=n_boot, min_seeds=min_seeds)
 
 
 def _claim_reason(label: str, rows: list[dict]) -> str:

@@ -168,13 +168,42 @@ def _full_values(defaults: dict, dump: dict) -> dict:
     return out
 
 
+#: The per-silo objective (each silo's own SIGReg ECF and BatchNorm moments: the room study's).
+PER_SILO_OBJECTIVE = ["objective.sigreg_scope=silo", "objective.bn_scope=batch"]
+
+
 def arm_overrides(arm: str) -> list[str]:
-    """The overrides that make ``arm`` out of a base config (Fork A: naive, encoder frozen)."""
+    """The overrides that make a federated ``arm`` out of a base config (Fork A: naive, encoder
+    frozen; naive_silo: naive with the per-silo objective)."""
     if arm in RUNGS:
         return [f"gauge={arm}"]
     if arm == "fork_a":
         return ["gauge=naive", "model.encoder_frozen=true"]
+    if arm == "naive_silo":
+        return ["gauge=naive", *PER_SILO_OBJECTIVE]
     return []
+
+
+def single_overrides(arm: str, budget: dict) -> list[str]:
+    """The step budget (and batch) of a single-site ``arm`` under the point's ``budget``.
+
+    central: the centralized steps of the study's budget rule; twin: one participant's steps at
+    C × the batch (the federation's sequential steps, each on as many examples as the C
+    participants' batches together); central_persilo: the centralized steps, each batch B/C clips
+    per silo with each share's own BatchNorm and SIGReg (the per-silo objective); local: one
+    participant's steps on its silo.
+    """
+    if arm == "central":
+        return [f"train.steps={budget['central_steps']}"]
+    if arm == "twin":
+        return [f"train.steps={budget['participant_steps']}",
+                f"train.batch_size={budget['batch_size'] * budget['participants']}"]
+    if arm == "central_persilo":
+        return [f"train.steps={budget['central_steps']}", "train.silo_batches=true", "train.silo_statistics=both",
+                *PER_SILO_OBJECTIVE]
+    if arm == "local":
+        return [f"train.steps={budget['local_steps']}"]
+    raise ConfigError(f"{arm!r} is not a single-site arm")
 
 
 # ================================================================================== the plan
@@ -339,12 +368,12 @@ def plan_study(spec: StudySpec) -> StudyPlan:
                     single = drop_keys(ov, FEDERATION_PREFIXES) + seed_ov
                     ids.append(add(PlannedRun(f"{prefix}warmstart_only-s{s}", "evaluate", arm, s, single,
                                               source="warmstart", warmstart=ws), cell))
-                elif arm == "central":
-                    single = drop_keys(ov, FEDERATION_PREFIXES) + seed_ov + [f"train.steps={budget['central_steps']}"]
-                    ids.append(add(PlannedRun(f"{prefix}central-s{s}", "single", arm, s, single, source="pooled",
+                elif arm in ("central", "twin", "central_persilo"):
+                    single = drop_keys(ov, FEDERATION_PREFIXES) + seed_ov + single_overrides(arm, budget)
+                    ids.append(add(PlannedRun(f"{prefix}{arm}-s{s}", "single", arm, s, single, source="pooled",
                                               warmstart=ws), cell))
                 elif arm == "local":
-                    single = drop_keys(ov, FEDERATION_PREFIXES) + seed_ov + [f"train.steps={budget['local_steps']}"]
+                    single = drop_keys(ov, FEDERATION_PREFIXES) + seed_ov + single_overrides(arm, budget)
                     for i in range(cfg0.data.num_silos):
                         ids.append(add(PlannedRun(f"{prefix}local-silo{i}-s{s}", "single", arm, s, single,
                                                   source=f"silo-{i}", silo=i, warmstart=ws), cell))
@@ -372,7 +401,9 @@ def estimate_seconds(spec: StudySpec, plan: StudyPlan) -> dict:
         if run.kind == "warmstart":
             sec = cfg.train.warmstart_steps * cm.single_step
         elif run.kind == "single":
-            sec = cfg.train.steps * cm.single_step
+            # single_step is one step at the study's batch: a wider batch (the twin's) costs in proportion
+            base_batch = plan.groups[LADDER]["default"]["budget"]["batch_size"] if LADDER in plan.groups else None
+            sec = cfg.train.steps * cm.single_step * (cfg.train.batch_size / base_batch if base_batch else 1.0)
         elif run.kind == "evaluate":
             sec = 0.0
         else:
@@ -391,4 +422,4 @@ def estimate_seconds(spec: StudySpec, plan: StudyPlan) -> dict:
             "cost_model": cm.model_dump(mode="json")}
 
 
-__all__ = ["arm_overrides", "expand_sweep", "normalize_overrides", "overrides_from_config", "plan_study"]
+__all__ = ["PER_SILO_OBJECTIVE", "arm_overrides", "single_overrides", "expand_sweep", "normalize_overrides", "overrides_from_config", "plan_study"]

@@ -143,5 +143,30 @@ def success_sd(baseline: float, n_episodes: int, sd_train: float, episode_correl
     return math.sqrt(2 * baseline * (1 - baseline) * (1 - episode_correlation) / n_episodes + 2 * sd_train**2)
 
 
-__all__ = ["latent_correlation", "simulate_success", "simulated_success_mde", "simulated_success_power",
+def seed_spread(rates, within_var) -> dict:
+    """Seed spread of one arm's success from a pilot: ``rates`` (k,) per seed, ``within_var`` (k,)
+    each rate's binomial variance over its tasks. ``sd_raw`` is the SD of the rates (holds the task
+    noise too: conservative), ``sd_moments`` the same with the binomial part removed (method of
+    moments; can be 0 with few seeds), ``sd_raw_upper80`` the raw SD's 80 % chi-square upper end
+    (k − 1 degrees of freedom): the spread to size a study for when k is small."""
+    rates = np.asarray(rates, float)
+    k = len(rates)
+    if k < 2:
+        nan = float("nan")
+        return {"rates": [round(float(r), 4) for r in rates], "sd_raw": nan, "sd_moments": nan, "sd_raw_upper80": nan}
+    var = float(np.var(rates, ddof=1))
+    return {"rates": [round(float(r), 4) for r in rates], "sd_raw": math.sqrt(var),
+            "sd_moments": math.sqrt(max(0.0, var - float(np.mean(within_var)))),
+            "sd_raw_upper80": math.sqrt(var * (k - 1) / stats.chi2.ppf(0.2, k - 1))}
+
+
+def episode_phi(a, b) -> float:
+    """Correlation (phi) of two arms' 0/1 outcomes on the same tasks; nan when one is constant."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if a.std() == 0 or b.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+__all__ = ["episode_phi", "seed_spread", "latent_correlation", "simulate_success", "simulated_success_mde", "simulated_success_power",
            "success_sd", "t_mde", "t_power", "t_reject"]

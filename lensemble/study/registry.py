@@ -233,12 +233,14 @@ def _claims(spec, plan) -> tuple[list[dict], list[dict]]:
         },
         {
             "id": "C3", "title": "Anchored federation recovers most of the centralized − local gap without moving data",
-            "hypothesis": (f"ρ = (S_{anch} − S_local) / (S_central − S_local) reaches {r.rho_threshold} "
-                           f"(S = success rate, S_local = {r.local_reference} over silos)."),
+            "hypothesis": (f"ρ = (S_{anch} − S_local) / (S_{r.rho_reference} − S_local) reaches {r.rho_threshold} "
+                           f"(S = success rate, S_local = {r.local_reference} over silos"
+                           + ("; S_twin: the data-parallel twin, the federation's sequential steps at C × the "
+                              "batch)." if r.rho_reference == "twin" else ").")),
             "decision": ("stats.verdict on ρ and its paired-bootstrap interval with δ = the threshold; "
                          "inconclusive when ρ is undefined (the interval of S_central − S_local contains 0)"),
             "group": "ladder", "pairing": pairing,
-            "metric": "rho", "treatment": anch, "control": local, "reference": "central",
+            "metric": "rho", "treatment": anch, "control": local, "reference": r.rho_reference,
             "threshold": r.rho_threshold, "direction": "increase", "residency": "no trajectory leaves a silo "
             "(INV-RESIDENCY, enforced by the participant egress allow-list)",
         },
@@ -257,7 +259,11 @@ def _claims(spec, plan) -> tuple[list[dict], list[dict]]:
     present = set(plan.groups.get(LADDER, {}).get("default", {}).get("arms", {}))
     naive = RUNGS[0]  # the rung without any gauge control: naive FedAvg
     # Every other federated arm of the ladder against naive FedAvg, in ladder order.
-    for arm in [a for a in FEDERATED_ARMS if a != naive and a in present]:
+    # The objective: naive FedAvg with the pooled objective against the per-silo one (issue 32).
+    if naive in present and "naive_silo" in present:
+        ladder_family.append({"id": "L.objective.success", "metric": "success", "treatment": naive,
+                              "control": "naive_silo", "direction": "increase", "delta": d.success, "unit": "rate"})
+    for arm in [a for a in FEDERATED_ARMS if a not in (naive, "naive_silo") and a in present]:
         if naive not in present:
             break
         ladder_family.append({"id": f"L.{arm}.drift", "metric": drift_final, "treatment": arm, "control": "naive",

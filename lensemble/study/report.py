@@ -28,7 +28,7 @@ from lensemble.study.files import atomic_write
 from lensemble.study.plan import LADDER
 from lensemble.study.registry import diff_paths, load_registry
 from lensemble.study.spec import ALL_ARMS, FEDERATED_ARMS
-from lensemble.study.tables import achieved_precision, communication_rows, paired_vs_ladder
+from lensemble.study.tables import achieved_precision, communication_rows, paired_vs_ladder, rho_table_lines
 
 FIG_DIR = "figures"
 FIGURES = ("drift_rounds.png", "success.png", "effective_dim.png", "latent_std.png", "rho_severity.png",
@@ -39,7 +39,9 @@ _RUNG_TEXT = {"naive": "naive FedAvg", "sketch": "+ shared sketch", "backstop": 
 _ARM_LABEL = {"warmstart_only": "warm start only (no training)", "central": "centralized (pooled)", "local": "local-only (mean over silos)",
               "local_best": "local-only (best silo)",
               **{rung: f"{i} {_RUNG_TEXT.get(rung, rung)}" for i, rung in enumerate(RUNGS, start=1)},
-              "fork_a": "Fork A (frozen encoder)"}
+              "fork_a": "Fork A (frozen encoder)", "twin": "data-parallel twin (sequential steps, C × batch)",
+              "central_persilo": "central, per-silo batch statistics (control)",
+              "naive_silo": "0 naive FedAvg, per-silo objective"}
 
 
 # ================================================================================== formatting
@@ -89,12 +91,13 @@ def _comp_numbers(r: dict) -> str:
 def _rho_numbers(res: dict) -> str:
     if not res:
         return "–"
+    ref = res.get("reference", "central")
     if res.get("rho") is None:
         den = res.get("denominator")
-        tail = f"; S_central − S_local = {_num(den)}{_ci(res.get('denominator_ci'))}" if den is not None else ""
+        tail = f"; S_{ref} − S_local = {_num(den)}{_ci(res.get('denominator_ci'))}" if den is not None else ""
         return f"ρ undefined (n = {res.get('n', 0)}){tail}"
     return (f"ρ = {res['rho']:.3g}{_ci(res.get('rho_ci'))} vs threshold {res['threshold']} "
-            f"(n = {res['n']}; gap S_central − S_local = {_num(res.get('denominator'))}{_ci(res.get('denominator_ci'))})")
+            f"(n = {res['n']}; gap S_{ref} − S_local = {_num(res.get('denominator'))}{_ci(res.get('denominator_ci'))})")
 
 
 def _esc(text: str) -> str:
@@ -413,6 +416,7 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
             prec = _esc(f"ρ interval width {_num(hi - lo)}")
         lines.append(f"| {c['id']} {_esc(c['title'])} | {_verdict(c['label'])} | {nums} | {prec} | {_esc(c['reason'])} |")
     lines.append("")
+    lines += rho_table_lines(analysis.get("rho_table") or [], lambda a: _ARM_LABEL.get(a, a), _rho_numbers)
 
     arms = analysis["groups"].get(LADDER, {}).get("default", {}).get("arms", {})
     lines += ["## Ablation ladder and baselines", "",

@@ -17,6 +17,20 @@ episodes):
 rungs          federated, ``gauge=<rung>`` (the rung table, :mod:`lensemble.config.rungs`);
                ``naive`` is also the naive-FedAvg baseline
 =============  ==========================================================================
+
+Opt-in baselines (issue 32: the pooled objective's study names them; the default set is above):
+
+===================  ====================================================================
+``twin``             the data-parallel twin of the federation: ``train_local(source="pooled")``
+                     for one participant's steps (rounds × H) at C × the batch, i.e. the
+                     federation's sequential steps on the same examples per step
+``central_persilo``  the per-silo central control: the centralized arm's steps, every batch
+                     B/C clips per silo, BatchNorm and SIGReg computed on each silo's share
+                     alone (``train.silo_batches``, ``train.silo_statistics=both``, the per-silo
+                     objective): what the silos' own batch statistics cost without averaging
+``naive_silo``       naive FedAvg with the per-silo objective
+                     (``objective.sigreg_scope=silo objective.bn_scope=batch``)
+===================  ====================================================================
 """
 
 from __future__ import annotations
@@ -33,11 +47,16 @@ from lensemble.config.loader import config_dir
 from lensemble.config.rungs import RUNGS
 from lensemble.errors import ConfigError
 
-BASELINES = ("warmstart_only", "central", "local", "fork_a")
-FEDERATED_ARMS = RUNGS + ("fork_a",)
+BASELINES = ("warmstart_only", "central", "local", "fork_a")  # the default set
+OPT_IN_BASELINES = ("twin", "central_persilo", "naive_silo")
+KNOWN_BASELINES = BASELINES + OPT_IN_BASELINES
+FEDERATED_ARMS = ("naive_silo",) + RUNGS + ("fork_a",)
 EVAL_ONLY_ARMS = ("warmstart_only",)
-SINGLE_ARMS = ("central", "local")
-ALL_ARMS = EVAL_ONLY_ARMS + SINGLE_ARMS + FEDERATED_ARMS  # report order: warm start, baselines, rungs, Fork A
+SINGLE_ARMS = ("central", "twin", "central_persilo", "local")
+# report order: warm start, single-site baselines, naive with the per-silo objective, rungs, Fork A
+ALL_ARMS = EVAL_ONLY_ARMS + SINGLE_ARMS + FEDERATED_ARMS
+#: the arms ρ may take as its centralized reference
+RHO_REFERENCES = ("central", "twin")
 
 
 class _Spec(BaseModel):
@@ -101,6 +120,10 @@ class RegistrySpec(_Spec):
     n_boot: int = Field(10_000, ge=100)
     anchored_rung: str = "anchor"
     rho_threshold: float = Field(0.5, gt=0, le=1, description="claim 3: ρ must reach this")
+    rho_reference: Literal["central", "twin"] = Field(
+        "central", description="claim 3's centralized reference S_ref in ρ = (S_fed − S_local) / (S_ref − S_local): "
+        "'central' (the centralized arm) or 'twin' (the data-parallel twin, the federation's sequential steps at "
+        "C × the batch; it must be among the baselines)")
     local_reference: Literal["mean", "best"] = "mean"
     min_seeds: int = Field(3, ge=2, description="fewer paired seeds than this: inconclusive, whatever the interval")
     delta: DeltaSpec = DeltaSpec()
@@ -153,8 +176,12 @@ class StudySpec(_Spec):
             raise ValueError(f"study name {self.name!r}: use letters, digits, '.', '_' or '-'")
         if bad := [r for r in self.rungs if r not in RUNGS]:
             raise ValueError(f"unknown rungs {bad}; use {list(RUNGS)}")
-        if bad := [b for b in self.baselines if b not in BASELINES]:
-            raise ValueError(f"unknown baselines {bad}; use {list(BASELINES)} (naive FedAvg is rung 'naive')")
+        if bad := [b for b in self.baselines if b not in KNOWN_BASELINES]:
+            raise ValueError(f"unknown baselines {bad}; use {list(KNOWN_BASELINES)} (naive FedAvg is rung 'naive')")
+        # (the default reference may be absent, as before it was an option: C3 is then inconclusive)
+        if self.registry.rho_reference != "central" and self.registry.rho_reference not in self.baselines:
+            raise ValueError(f"registry.rho_reference {self.registry.rho_reference!r} is not among the baselines "
+                             f"{self.baselines}: claim 3 would have no reference arm")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError("seeds must be distinct")
         if self.registry.anchored_rung not in RUNGS:
@@ -167,6 +194,8 @@ class StudySpec(_Spec):
     def ladder_arms(self) -> list[str]:
         """Arms of the ladder group, in report order: baselines, then the rungs."""
         arms = [a for a in EVAL_ONLY_ARMS + SINGLE_ARMS if a in self.baselines]
+        if "naive_silo" in self.baselines:
+            arms.append("naive_silo")
         arms += [r for r in RUNGS if r in self.rungs]
         if "fork_a" in self.baselines:
             arms.append("fork_a")
@@ -229,4 +258,4 @@ def load_study_spec(
                           remediation="fix the preset or the study.* overrides") from None
 
 
-__all__ = ["StudySpec", "SweepSpec", "load_study_spec", "preset_path"]
+__all__ = ["KNOWN_BASELINES", "RHO_REFERENCES", "StudySpec", "SweepSpec", "load_study_spec", "preset_path"]

@@ -90,4 +90,18 @@ def achieved_precision(component: dict, *, alpha: float, power: float) -> dict:
             "narrower_than_2delta": (width < 2 * float(delta)) if width is not None and delta else None}
 
 
-__all__ = ["achieved_precision", "communication_rows", "paired_vs_ladder"]
+__all__ = ["rho_table_lines", "achieved_precision", "communication_rows", "paired_vs_ladder"]
+
+
+def rho_table_lines(rows: list[dict], label, numbers) -> list[str]:
+    """Markdown lines of the descriptive ρ table (``analysis["rho_table"]``): every federated arm
+    of the ladder against each centralized reference that ran; ``label(arm)`` names an arm,
+    ``numbers(row)`` formats ρ. Empty when no row has a reference."""
+    if not rows:
+        return []
+    out = ["### Gap recovery against each reference (descriptive)", "",
+           "ρ = (S_arm − S_local) / (S_ref − S_local) over the paired seeds; the centralized arm takes the "
+           "federation's total steps, the data-parallel twin its sequential steps at C × the batch. Only claim 3 "
+           "decides; these rows describe.", "", "| arm | reference | ρ |", "|---|---|---|"]
+    out += [f"| {label(r['arm'])} | {label(r['reference'])} | {numbers(r)} |" for r in rows]
+    return out + [""]

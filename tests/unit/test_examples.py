@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +24,7 @@ def _example(name: str):
 
 @pytest.mark.parametrize("script", ["planning_pilot.py", "central_quality.py", "partition_pilot.py", "bn_federation_pilot.py",
                                     "seed_spread.py", "bn_source_diagnostic.py", "remeasure_drift.py",
-                                    "outer_step_diagnostic.py"])
+                                    "outer_step_diagnostic.py", "pooled_objective_pilot.py", "pooled_study_power.py"])
 def test_example_imports_and_shows_its_help(script):
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--help"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
@@ -141,28 +142,6 @@ def _seed_spread():
     return _example("seed_spread")
 
 
-def test_seed_spread_recovers_a_known_training_spread_and_sees_none_when_there_is_none():
-    import numpy as np
-
-    spread = _seed_spread().spread
-    rng = np.random.default_rng(0)
-
-    def estimate(sd_train, seeds=20, tasks=100, reps=200):
-        got = []
-        for _ in range(reps):
-            p = np.clip(0.6 + sd_train * rng.standard_normal(seeds), 0, 1)
-            y = (rng.random((seeds, tasks)) < p[:, None]).astype(float)
-            got.append(spread(y.mean(1), y.var(1, ddof=1) / tasks))
-        return (float(np.mean([g["sd_moments"] ** 2 for g in got])), float(np.mean([g["sd_raw"] for g in got])))
-
-    var_moments, _ = estimate(0.10)
-    assert abs(var_moments - 0.01) < 0.0015          # the method of moments is unbiased for sd_train²
-    var_moments, sd_raw = estimate(0.0)
-    # no training spread at all: the moments estimate stays near 0, while the raw SD is the
-    # binomial noise sqrt(0.24 / 100) ≈ 0.049 (why it is only an upper estimate)
-    assert var_moments < 0.0005 and 0.04 < sd_raw < 0.06
-
-
 def test_seed_spread_refuses_pilots_on_different_tasks(tmp_path):
     import json
 
@@ -193,3 +172,21 @@ def test_planning_pilot_report_shows_what_the_latents_carry_per_state_dimension(
     assert "| pixel PCA (64 components) | 0.190 | 0.240 | 0.870 | 0.920 |" in text
     assert "| (k) cnn | 0.040 | 0.180 | 0.750 | 0.680 |" in text
     assert "| random actions | 0.040" not in text  # an arm without latents has no probe row
+
+
+def test_pooled_study_power_reads_a_pilot_and_prints_the_planning_numbers(tmp_path, capsys):
+    import json
+
+    power = _example("pooled_study_power")
+    rng = np.random.default_rng(0)
+    rates = {"central-control": 0.85, "central-twin": 0.7, "fed-silo": 0.3, "fed-pooled": 0.65,
+             "fed-pooled-anchor": 0.65, "local-0": 0.4, "local-1": 0.4}
+    pilot = {"evaluations": {str(s): {a: {"success": (rng.random(50) < p + 0.05 * s).tolist()}
+                                      for a, p in rates.items()} for s in range(3)}}
+    (tmp_path / "pilot.json").write_text(json.dumps(pilot))
+    out = tmp_path / "power.json"
+    assert power.main(["--pilot", str(tmp_path / "pilot.json"), "--reps", "10", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["seeds"] == [0, 1, 2] and set(res["pairs"]) == {"naive-central", "naive-naive_silo", "anchor-naive"}
+    assert 0.2 < res["rho_model"]["local"] < 0.6 and res["rho_power"]["rho=0"]["true_rho"] == 0.0
+    assert "C3 at 8 seeds" in capsys.readouterr().out

@@ -1,0 +1,98 @@
+"""The opt-in study baselines of issue 32 on the `tiny` preset: the data-parallel twin, the
+per-silo central control and naive FedAvg with the per-silo objective; ρ against the registered
+reference (the twin) and the descriptive table against both references. Plans and synthetic
+summaries only: nothing trains."""
+
+import json
+
+import pytest
+
+from lensemble.errors import ConfigError
+from lensemble.study.analysis import analyze
+from lensemble.study.plan import estimate_seconds, plan_study
+from lensemble.study.registry import build_registry, sync_registry
+from lensemble.study.spec import load_study_spec
+
+BASELINES = "baselines=[warmstart_only,central,twin,central_persilo,local,naive_silo]"
+POOLED = "objective.sigreg_scope=pooled"  # micro's own objective is per-silo
+
+
+def _spec(seeds=(0, 1), extra=(), run_overrides=(POOLED,)):
+    return load_study_spec("tiny", [BASELINES, "registry.rho_reference=twin", "registry.min_seeds=3", *extra],
+                           seeds=list(seeds), sweeps=[], run_overrides=list(run_overrides))
+
+
+def test_each_baseline_gets_its_budget_and_objective():
+    plan = plan_study(_spec())
+    cfg = plan.configs
+    b = plan.groups["ladder"]["default"]["budget"]
+    per, c, batch = b["participant_steps"], b["participants"], b["batch_size"]
+    assert (cfg["twin-s0"].train.steps, cfg["twin-s0"].train.batch_size) == (per, c * batch)
+    assert (cfg["central-s0"].train.steps, cfg["central-s0"].train.batch_size) == (c * per, batch)
+    persilo = cfg["central_persilo-s0"]
+    assert persilo.train.steps == c * per and persilo.train.silo_batches
+    assert (persilo.train.silo_statistics, persilo.objective.sigreg_scope, persilo.objective.bn_scope) == \
+        ("both", "silo", "batch")
+    assert cfg["naive_silo-s0"].gauge.rung == "naive" and cfg["naive_silo-s0"].objective.sigreg_scope == "silo"
+    assert cfg["naive-s0"].objective.sigreg_scope == "pooled"
+    assert {plan.runs[r].source for r in ("twin-s0", "central-s0", "central_persilo-s0")} == {"pooled"}
+    # the twin's C x batch costs C x a step: its training costs what the centralized arm's C x steps cost
+    kinds = estimate_seconds(_spec(), plan)["per_kind_seconds"]
+    assert kinds["single:twin"] == kinds["single:central"] > 0
+
+
+def test_with_the_per_silo_objective_already_the_base_naive_silo_is_naive_and_shares_its_run():
+    plan = plan_study(_spec(run_overrides=()))
+    arms = plan.groups["ladder"]["default"]["arms"]
+    assert arms["naive_silo"]["0"] == arms["naive"]["0"]
+
+
+def test_the_registry_names_the_twin_and_the_objective_comparison():
+    spec = _spec()
+    reg = build_registry(spec, plan_study(spec))
+    c3 = next(c for c in reg["claims"] if c["id"] == "C3")
+    assert c3["reference"] == "twin" and "S_twin" in c3["hypothesis"]
+    obj = next(c for c in reg["ladder_comparisons"] if c["id"] == "L.objective.success")
+    assert (obj["treatment"], obj["control"], obj["direction"]) == ("naive", "naive_silo", "increase")
+    assert not any(c["id"].startswith("L.naive_silo") for c in reg["ladder_comparisons"])
+
+
+def test_a_reference_that_is_not_a_baseline_is_refused():
+    with pytest.raises(ConfigError, match="rho_reference"):
+        load_study_spec("tiny", ["registry.rho_reference=twin"], sweeps=[])
+
+
+def _study(tmp_path, rates):
+    """Synthetic summaries of a 6-seed plan: arm success ``rates[arm]`` (+ a small per-seed jitter)."""
+    spec = _spec(seeds=range(6))
+    plan = plan_study(spec)
+    d = tmp_path / "tiny"
+    (d / "runs").mkdir(parents=True)
+    (d / "plan.json").write_text(json.dumps(plan.to_json()))
+    sync_registry(d, build_registry(spec, plan), runs_done=0)
+    for rid, run in plan.runs.items():
+        summary = {"run_id": rid, "kind": run.kind, "arm": run.arm, "seed": run.seed, "spec_hash": run.spec_hash,
+                   "seconds": {"train": 1.0, "eval": 1.0}}
+        if run.kind != "warmstart":
+            n = 40
+            k = round((rates[run.arm] + 0.025 * ((run.seed * 7) % 3 - 1)) * n)
+            summary["eval"] = {"success_rate": k / n, "n_successes": k, "n_episodes": n, "effective_dim": 5.0,
+                               "latent_std": 1.0}
+            if run.kind == "federated":
+                summary["rounds"] = [{"gauge/drift_angle_deg": 10.0 * f} for f in (0.5, 1.0)]
+        (d / "runs" / f"{rid}.json").write_text(json.dumps(summary))
+    return d
+
+
+def test_rho_is_decided_against_the_twin_and_described_against_both(tmp_path):
+    # the anchored rung recovers 60 % of local -> twin, but only 40 % of local -> central (rates in 40ths)
+    rates = {"warmstart_only": 0.2, "local": 0.2, "twin": 0.7, "central": 0.95, "central_persilo": 0.3,
+             "naive_silo": 0.2, "naive": 0.5, "anchor": 0.5}
+    out = analyze(_study(tmp_path, rates))
+    c3 = next(c for c in out["claims"] if c["id"] == "C3")
+    assert c3["rho"]["reference"] == "twin" and c3["rho"]["rho"] == pytest.approx(0.6, abs=0.02)
+    table = {(r["arm"], r["reference"]): r for r in out["rho_table"]}
+    assert table[("anchor", "central")]["rho"] == pytest.approx(0.4, abs=0.02)
+    assert table[("naive_silo", "twin")]["rho"] == pytest.approx(0.0, abs=0.02)
+    obj = next(r for r in out["ladder_comparisons"] if r["id"] == "L.objective.success")
+    assert obj["estimate"] == pytest.approx(0.3, abs=0.01)
