@@ -66,6 +66,37 @@ def arm(precision: str, args, overrides: list[str]) -> dict:
     return out
 
 
+def markdown(res: dict) -> str:
+    """The report: both arms, the paired comparison and how it was produced."""
+    d = res["bf16_minus_fp32"]
+    rows = []
+    for p in ("fp32", "bf16"):
+        a, (lo, hi) = res["arms"][p], res["wilson"][p]
+        rows.append(f"| {p} | {a['precision_ran']} ({a['kernels']}) | {a['successes']}/{a['n']} = "
+                    f"{100 * a['successes'] / a['n']:.0f} % [{100 * lo:.0f} %, {100 * hi:.0f} %] | "
+                    f"{a['time_per_action_ms']:.0f} | {a['cpu_s']:.0f} |")
+    kernels = {"native": "the CPU's own bf16 units",
+               "emulated": "bf16 numerics emulated (lensemble.model.precision.emulate_bf16_matmuls: bf16 inputs, "
+                           "fp32 products and sums, bf16 outputs) because this CPU has no bf16 units",
+               "torch": "torch's scalar bf16 fallback (this CPU has no bf16 units)"}[res["arms"]["bf16"]["kernels"]]
+    timing = ("Both arms ran on the same bf16-capable CPU: the time columns compare them." if res["arms"]["bf16"][
+        "kernels"] == "native" else "The timings are not AMX's: here bf16 ran without bf16 units, so only the "
+        "success columns speak to bf16 on an AMX machine.")
+    return "\n".join([
+        "# The bf16 planner against the fp32 planner, same model, same tasks (issue 34)", "",
+        f"Checkpoint `{res['checkpoint']}` (fp32-trained, room study setting, hash {res['checkpoint_hash'][:12]}); "
+        f"{res['episodes']} strict TwoRoom tasks (held-out split, goal-spec {res['goal_spec_hash'][:12]}), the same "
+        "tasks, goals and planner noise in both arms; CEM 300 x 30, horizon 5. The bf16 arm ran "
+        f"{kernels}. Machine: {res['cpu']}; torch {res['torch']}, one thread.", "",
+        "| arm | ran (kernels) | success, Wilson 95 % | ms per action | CPU-s |", "|---|---|---|---|---|", *rows, "",
+        f"Paired (bf16 − fp32, per task): {d['estimate']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] "
+        f"(BCa bootstrap over tasks); discordant tasks {d['bf16_only']} solved only in bf16, {d['fp32_only']} only "
+        f"in fp32; exact McNemar p = {d['mcnemar_p']:.3f}.", "",
+        f"{timing} The ladder (one-step, rollout, probe R²) is not repeated: it runs in fp32 "
+        "whatever eval.precision says, so it is the model's, the same in both arms.", "",
+        f"Command: `{res['command']}` (each arm is cached in this folder as arm-<precision>.json).", ""])
+
+
 def _evaluate(args, cfg):
     return evaluate(args.checkpoint, cfg.env.id, cfg=cfg, episodes=args.episodes, split="heldout", progress=False,
                     ladder=False, parallel=args.parallel)
@@ -81,6 +112,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="docs/results/bf16")
     ap.add_argument("--bf16-kernels", choices=("native", "emulated", "torch"), default=None,
                     help="native where the CPU has bf16 units; without them emulated (default) or torch's fallback")
+    ap.add_argument("--arms", nargs="+", choices=("fp32", "bf16"), default=["fp32", "bf16"],
+                    help="evaluate only these arms (each is cached; run the two in two processes, then both)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # the machine is shared; every timing here is one thread
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -92,8 +125,10 @@ def main(argv=None) -> int:
     else:
         args.bf16_kernels = args.bf16_kernels if args.bf16_kernels in ("emulated", "torch") else "emulated"
         os.environ[FORCE_ENV] = "1"  # bf16 numerics on purpose; the timings below are then not AMX's
-    a32 = arm("fp32", args, overrides)
-    a16 = arm("bf16", args, overrides)
+    arms = {p: arm(p, args, overrides) for p in args.arms}
+    if len(arms) < 2:
+        return 0  # one arm cached; a later run with both arms compares them
+    a32, a16 = arms["fp32"], arms["bf16"]
     if a32["episode_index"] != a16["episode_index"] or a32["goal_spec_hash"] != a16["goal_spec_hash"]:
         raise SystemExit("the arms did not play the same tasks")
     s32, s16 = np.array(a32["success"], float), np.array(a16["success"], float)
@@ -114,6 +149,7 @@ def main(argv=None) -> int:
                             "bf16_only": mc.a_only, "fp32_only": mc.b_only, "mcnemar_p": mc.p_value},
     }
     (Path(args.out) / "bf16-planner.json").write_text(json.dumps(res, indent=1))
+    (Path(args.out) / "bf16-planner.md").write_text(markdown(res))
     print(json.dumps(res["arms"], indent=1))
     print(f"bf16 - fp32: {diff.estimate:+.3f} [{diff.ci.low:+.3f}, {diff.ci.high:+.3f}], discordant "
           f"{mc.a_only} bf16-only / {mc.b_only} fp32-only, McNemar p = {mc.p_value:.3f}")
