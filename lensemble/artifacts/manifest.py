@@ -16,7 +16,10 @@ from lensemble.config.hashing import json_digest
 from lensemble.config.seeds import derive
 
 _LIBRARIES = ("lensemble", "torch", "torchvision", "timm", "flwr", "numpy", "scipy", "pydantic",
-              "opacus", "stable-worldmodel", "safetensors", "hydra-core")
+              "opacus", "stable-worldmodel", "safetensors", "hydra-core",
+              # what collection depends on: the simulator, rendering and the resize kernel (issue 32:
+              # a fresh install once collected other frames than the committed study's)
+              "gymnasium", "pygame", "pymunk", "shapely", "pillow", "opencv-python-headless", "imageio")
 
 
 class RunManifest(BaseModel):

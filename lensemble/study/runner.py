@@ -38,7 +38,7 @@ from rich.console import Console
 
 from lensemble import errors
 from lensemble.artifacts.checkpoint import read_header
-from lensemble.artifacts.manifest import RunManifest, git_sha
+from lensemble.artifacts.manifest import RunManifest, git_sha, library_versions
 from lensemble.config.loader import load_config
 from lensemble.config.rungs import RUNGS
 from lensemble.data.store import data_dir, ensure_data
@@ -47,6 +47,7 @@ from lensemble.eval.closed_loop import evaluate
 from lensemble.eval.ladder import LadderSettings
 from lensemble.federation.simulation import run_federated_simulation
 from lensemble.observability.progress import progress_bar
+from lensemble.study.datacheck import check_data
 from lensemble.study.files import atomic_write, failure_path, load_summaries, now, summary_path, write_summary
 from lensemble.study.plan import PlannedRun, StudyPlan, estimate_seconds, overrides_from_config, plan_study
 from lensemble.study.registry import build_registry, sync_registry
@@ -130,6 +131,9 @@ class _Runner:
             "schema_version": SUMMARY_SCHEMA, "study": self.spec.name, "run_id": run.run_id, "kind": run.kind,
             "arm": run.arm, "seed": run.seed, "silo": run.silo, "source": run.source,
             "overrides": run.overrides, "spec_hash": run.spec_hash, "cells": run.cells,
+            # the collection depends on the simulator's and the image libraries' versions: kept with
+            # every result so that a resume on other data can name what differs (study.datacheck)
+            "library_versions": library_versions(),
         }
         if run.kind == "warmstart":
             cfg = load_config(run.overrides + [f"run_dir={rd}"])
@@ -457,6 +461,7 @@ def run_study(
     failed: dict[str, str] = {}
     executed = 0
     if not plan_only and todo:
+        check_data(plan, done, todo)
         executed, failed = _execute(spec, plan, todo, len(done), study_dir, scratch_dir, progress=progress,
                                     keep_going=keep_going, jobs=int(jobs))
     analysis = report = None

@@ -96,3 +96,18 @@ def test_rho_is_decided_against_the_twin_and_described_against_both(tmp_path):
     assert table[("naive_silo", "twin")]["rho"] == pytest.approx(0.0, abs=0.02)
     obj = next(r for r in out["ladder_comparisons"] if r["id"] == "L.objective.success")
     assert obj["estimate"] == pytest.approx(0.3, abs=0.01)
+
+
+def test_a_resume_on_other_data_refuses_and_names_the_library_difference(monkeypatch):
+    from lensemble.study import datacheck
+
+    plan = plan_study(_spec(seeds=(0,)))
+    done_id = plan.warmstart[0]
+    todo = [r for rid, r in plan.runs.items() if rid != done_id and r.seed == 0]
+    done = {done_id: {"run_id": done_id, "probe_hash": "a" * 64, "library_versions": {"numpy": "0.0.1"}}}
+    monkeypatch.setattr(datacheck, "ensure_data", lambda cfg, progress: (None, {"probe": {"content_hash": "b" * 64}}))
+    with pytest.raises(ConfigError, match=r"bbbbbbbbbbbb… here.*aaaaaaaaaaaa….*numpy 0\.0\.1 then"):
+        datacheck.check_data(plan, done, todo)
+    monkeypatch.setattr(datacheck, "ensure_data", lambda cfg, progress: (None, {"probe": {"content_hash": "a" * 64}}))
+    datacheck.check_data(plan, done, todo)                          # the same data: nothing to say
+    datacheck.check_data(plan, {}, todo)                            # nothing finished: nothing to compare
