@@ -184,7 +184,9 @@ def gap_over_tasks(fed: EvalReport, locals_: list[EvalReport], twin: EvalReport,
         raise EvaluationError(f"gap recovery over tasks needs at least 2 tasks, got {s_fed.size}",
                               remediation="pass --eval-episodes 2 or more")
     gap = gap_recovery(s_fed, s_local, s_twin, n_boot=n_boot, seed=seed, alpha=alpha)
-    return gap.model_copy(update={"method": TASK_METHOD})
+    # the study's words name its central arm; here the reference is the twin
+    reason = gap.reason.replace("S_central", "S_twin") if gap.reason else None
+    return gap.model_copy(update={"method": TASK_METHOD, "reason": reason})
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from lensemble.config.schema import LensembleConfig
 from lensemble.eval.reports import EvalReport
+from lensemble.observability.progress import format_duration
 from lensemble.report.answer import (
     communication_sentence,
     compare_success,
@@ -331,7 +332,7 @@ def baselines_markdown(cfg: LensembleConfig, summary: dict, baselines: BaselineR
              "| model | data | steps | clips per step | training wall time | checkpoint |", "|---|---|---|---|---|---|"]
     for arm in baseline_arms(cfg):
         t = baselines.trained[arm]
-        took = "reused" if t.reused else f"{t.seconds:.0f} s"
+        took = "reused" if t.reused else format_duration(t.seconds)
         lines.append(f"| {arm_label(arm)} | {source_of(arm)} | {t.steps} | {t.batch_size} | {took} | "
                      f"`{t.checkpoint_hash[:12]}…` |")
     g = baselines.gap
