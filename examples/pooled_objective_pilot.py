@@ -122,11 +122,12 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     "fed-sigreg-h200": ("fed", [SP, "federation.rounds=1", "federation.inner_steps=200"]),
     "fed-pooled-h10": ("fed", [SP, BN + "pooled", "federation.rounds=20", "federation.inner_steps=10"]),
     # (a one-round run's participants take all 200 steps in one ask: the default 600 s deadline is too
-    # short on a busy 2-core box, where seed 0's first try lost silo-1 at 600 s)
+    # short on a busy 2-core box, where seed 0's first try lost silo-1 at 600 s; so was it for the
+    # anchored rung's 50 steps, whose inprocess participants run one after the other)
     "fed-pooled-h200": ("fed", [SP, BN + "pooled", "federation.rounds=1", "federation.inner_steps=200",
                                 "federation.round_timeout_s=3600"]),
     # the anchored rung with the pooled objective: the new study's C3 arm (its seed spread plans the study)
-    "fed-pooled-anchor": ("fed", [SP, BN + "pooled", "gauge=anchor"]),
+    "fed-pooled-anchor": ("fed", [SP, BN + "pooled", "gauge=anchor", "federation.round_timeout_s=3600"]),
     # the floors: the warm start's checkpoint played by another policy (its model unused)
     "random": ("floor", []),
     "oracle": ("floor", []),
