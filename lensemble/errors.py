@@ -122,6 +122,47 @@ class FolderInUse(LensembleError):
     )
 
 
+class StorageError(LensembleError):
+    """A write failed because of where it went (a full disk, a read-only folder), not a bug.
+
+    ``public_reason`` is a fixed phrase with no value from the site in it, so it may cross the
+    silo boundary in :func:`error_label`: a coordinator learns *why* a participant failed.
+    """
+
+    code = "storage_failed"
+    public_reason = "a write failed at its site"
+    default_remediation = "Check the named folder's filesystem, then run the same command again to resume."
+
+
+class DiskFull(StorageError):
+    code = "disk_full"
+    public_reason = "No space left on device at its site"
+    default_remediation = (
+        "Free space on the named folder's filesystem (or give run_dir / federation.state_dir another "
+        "disk), then run the same command again: the run resumes from its last committed round."
+    )
+
+
+class ReadOnlyFolder(StorageError):
+    code = "read_only"
+    public_reason = "a folder it writes is read-only at its site"
+    default_remediation = (
+        "Make the named folder writable (permissions, or remount read-write), or give the run a writable "
+        "run_dir / federation.state_dir; then run the same command again."
+    )
+
+
+class RunOwnerGone(LensembleError):
+    """This process was started for a run whose driver is gone, or whose run folder another
+    process now holds: it must not write into that folder again (an orphaned federation)."""
+
+    code = "run_owner_gone"
+    fail_closed = True
+    default_remediation = (
+        "Nothing more was written. Run the same command again to resume from the last committed round."
+    )
+
+
 class ParticipantFailed(RoundError):
     """A participant's error as the coordinator may see it: a code and a class name, no text.
 
@@ -148,13 +189,20 @@ class PrivacyBudgetExceeded(LensembleError):
 
 
 def error_label(exc: BaseException) -> str:
-    """``"ClassName [code]"`` for a Lensemble error, else ``"ClassName"``: no message text.
+    """``"ClassName [code]"`` for a Lensemble error, else ``"ClassName"``: no message text (a
+    :class:`StorageError` adds its fixed ``public_reason``, which holds no value from the site).
 
     What a participant's failure may say to the coordinator (summary.json, state headers, logs).
     """
-    name = type(exc).__name__
-    code = getattr(exc, "code", None) if isinstance(exc, LensembleError) else None
-    return f"{name} [{code}]" if code else name
+    return class_label(type(exc)) if isinstance(exc, LensembleError) else type(exc).__name__
+
+
+def class_label(cls: type[LensembleError]) -> str:
+    """``"ClassName [code]"``, plus ``": <public_reason>"`` for a :class:`StorageError` class."""
+    label = f"{cls.__name__} [{cls.code}]"
+    # a storage error's fixed phrase ("No space left on device at its site") names the cause
+    reason = cls.public_reason if issubclass(cls, StorageError) else None
+    return f"{label}: {reason}" if reason else label
 
 
 __all__ = [
@@ -173,8 +221,13 @@ __all__ = [
     "SecureAggregationAborted",
     "SecureSumRejected",
     "FolderInUse",
+    "StorageError",
+    "DiskFull",
+    "ReadOnlyFolder",
+    "RunOwnerGone",
     "ParticipantFailed",
     "NonDeterministicAggregation",
     "PrivacyBudgetExceeded",
     "error_label",
+    "class_label",
 ]

@@ -25,6 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from lensemble.artifacts.storage import storage_errors
 from lensemble.errors import ArtifactError, CheckpointIntegrityError, SchemaVersionMismatch
 
 SCHEMA_VERSION = 1
@@ -125,17 +126,19 @@ def save_checkpoint(
     header = json.loads(_canonical_json(header))
     digest = content_hash(cpu, header)
     header["content_hash"] = digest
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
-        (tmp / WEIGHTS).write_bytes(st_save(cpu))
-        (tmp / HEADER).write_bytes(_canonical_json(header) + b"\n")
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    # a full disk or a read-only folder is named as such (DiskFull / ReadOnlyFolder), not an OSError
+    with storage_errors(folder, f"writing checkpoint {folder.name}"):
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+        try:
+            (tmp / WEIGHTS).write_bytes(st_save(cpu))
+            (tmp / HEADER).write_bytes(_canonical_json(header) + b"\n")
+            if folder.exists():
+                shutil.rmtree(folder)
+            os.replace(tmp, folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # a killed process's temporary: remove_stale_temps
+            raise
     return digest
 
 

@@ -22,12 +22,13 @@ shape (1,) without changing a byte.
 from __future__ import annotations
 
 import hashlib
-import os
+import io
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
+from lensemble.artifacts.storage import write_bytes_atomic
 from lensemble.errors import RoundError
 
 DIGEST_KEY = "global-digest"
@@ -65,10 +66,10 @@ def keep_global(state_dir: Path, t: int, arrays: Mapping[str, np.ndarray]) -> st
     """Keep round t's global arrays in ``state_dir`` (replacing any kept before); return their digest."""
     digest = global_digest(arrays)
     path = _path(state_dir, t, digest)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()})
-    os.replace(tmp, path)  # a reader sees the whole file or none
+    buffer = io.BytesIO()
+    np.savez(buffer, **{k: np.asarray(v) for k, v in arrays.items()})
+    # a reader sees the whole file or none; a full disk leaves no temporary and is named DiskFull
+    write_bytes_atomic(path, buffer.getvalue(), what="kept global")
     for old in state_dir.glob(_GLOB):
         if old != path:
             old.unlink(missing_ok=True)

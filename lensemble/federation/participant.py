@@ -11,6 +11,7 @@ privacy on it carries the clipped, noised pseudo-gradient and count-only scalars
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from functools import lru_cache
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lensemble.artifacts.storage import remove_stale_temps, storage_errors, write_bytes_atomic
 from lensemble.config.schema import LensembleConfig
 from lensemble.config.seeds import torch_generator
 from lensemble.data.clips import ClipSampler
@@ -117,7 +119,12 @@ def participant_round(cfg: LensembleConfig, node: NodeSpec, global_arrays: dict[
     state_dir = Path(node.state_dir) / node.participant_id
     # Locked per round rather than per process: Ray hands a virtual node's messages to whichever
     # actor (process) is free, so the same silo is served by different processes in turn.
-    with lock_folder(state_dir, what="participant state folder"):
+    # A full disk or a read-only state folder fails the round as DiskFull / ReadOnlyFolder, whose
+    # fixed cause phrase reaches the coordinator (errors.error_label); EACCES is left alone here,
+    # since this block also reads the silo's data (storage_errors, access=False).
+    with lock_folder(state_dir, what="participant state folder"), \
+            storage_errors(state_dir, "participant state", access=False):
+        remove_stale_temps(state_dir)  # what a killed or failed write left, under the lock
         claim_state_dir(state_dir, round_config.get("run-id"))
         # a train ask after a summary ask may send no global: the one kept from the summary ask
         global_arrays = resolve_global(state_dir, round_config, global_arrays)
@@ -171,7 +178,11 @@ def _participant_round(cfg: LensembleConfig, node: NodeSpec, state_dir: Path, gl
 
     last = loop.run(h, sketch_fn=sketch_fn, generator=torch_generator(cfg.root_seed, "batches", node.participant_id, t),
                     log_every=h, stats_fn=(lambda i, a: stats) if stats is not None else None)
-    torch.save(loop.state_dict(), state_dir / f"inner-after-{t:05d}.pt")
+    # Serialised in memory, then written whole or not at all: torch.save straight to the file left a
+    # truncated state on a full disk and reported it as a RuntimeError without the errno.
+    buffer = io.BytesIO()
+    torch.save(loop.state_dict(), buffer)
+    write_bytes_atomic(state_dir / f"inner-after-{t:05d}.pt", buffer.getvalue(), what="inner optimizer state")
     for old in sorted(state_dir.glob("inner-after-*.pt"))[:-2]:
         old.unlink()
 

@@ -160,11 +160,15 @@ def write_durably(path: Path, text: str) -> None:
     torn one, and the new one is on disk (fsync) before this returns."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves the old ledger, not a torn temporary
+        raise
     try:  # make the rename itself durable
         fd = os.open(path.parent, os.O_RDONLY)
         try:

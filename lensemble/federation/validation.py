@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from lensemble.errors import FaultToleranceExceeded, ResidencyViolation, RoundError, SecureSumRejected
+from lensemble.errors import (
+    DiskFull,
+    FaultToleranceExceeded,
+    ReadOnlyFolder,
+    ResidencyViolation,
+    RoundError,
+    SecureSumRejected,
+    StorageError,
+)
 from lensemble.federation.codec import FP32_KEYS, INT8_KEYS, decode_delta, payload_nbytes
 from lensemble.federation.outer import ParticipantId
 from lensemble.federation.pseudograd import Layout, StateDict
@@ -194,9 +202,22 @@ def require_quorum(n_accepted: int, min_participants: int, *, round_index: int |
         what = f" ({describe_failures(failures)})" if failures else ""
         raise FaultToleranceExceeded(
             f"{where}{n_accepted} valid update(s), quorum is {min_participants}{what}",
+            remediation=_storage_remedy(failures),
             accepted=n_accepted,
             min_participants=min_participants,
         )
+
+
+def _storage_remedy(failures: Mapping[str, str] | None) -> str | None:
+    """The remedy when a participant failed on its disk (a StorageError's label): fix the disk
+    first; waiting longer (round_timeout_s) would not help. None keeps the default remedy."""
+    sites = sorted(who for who, why in (failures or {}).items()
+                   if any(f"[{cls.code}]" in why for cls in (DiskFull, ReadOnlyFolder, StorageError)))
+    if not sites:
+        return None
+    return (f"{', '.join(sites)} failed writing at its site (see the cause above): free space there or make its "
+            "state folder writable, then run the same command again to resume; otherwise lower "
+            "federation.min_participants")
 
 
 def retry_or_raise(error: FaultToleranceExceeded, attempt: int, round_retries: int) -> bool:

@@ -142,7 +142,7 @@ def _parse_reason(reason: str | None) -> tuple[type | None, str]:
         if isinstance(cls, type) and issubclass(cls, LensembleError):
             if cls is errors.ParticipantFailed and found.group(2):
                 return cls, found.group(2)
-            return cls, f"{cls.__name__} [{cls.code}]"
+            return cls, errors.class_label(cls)  # a storage error keeps its fixed cause phrase
     match = _CLASS.match(reason or "")
     return None, (match.group(1).rpartition(".")[2] if match else "unknown error")
 
