@@ -332,7 +332,7 @@ def baselines_markdown(cfg: LensembleConfig, summary: dict, baselines: BaselineR
              "| model | data | steps | clips per step | training wall time | checkpoint |", "|---|---|---|---|---|---|"]
     for arm in baseline_arms(cfg):
         t = baselines.trained[arm]
-        took = "reused" if t.reused else format_duration(t.seconds)
+        took = format_duration(t.seconds) + (" (reused)" if t.reused else "")  # the recorded time either way
         lines.append(f"| {arm_label(arm)} | {source_of(arm)} | {t.steps} | {t.batch_size} | {took} | "
                      f"`{t.checkpoint_hash[:12]}…` |")
     g = baselines.gap
