@@ -2,8 +2,8 @@
 
 In one run, one torch thread (``--threads``), interleaved (fp32, bf16, fp32, bf16, ...; medians):
 
-* ``peak``  - the machine's matmul GFLOP/s at each precision: the best of a few ``torch.mm`` shapes
-  the models use (a training batch's MLP layer, a square one), timed here and now;
+* ``peak``  - the machine's matmul GFLOP/s at each precision: the best of ``torch.mm`` and
+  ``F.linear`` on shapes the models use (a training batch's MLP layer, a square one), timed here and now;
 * ``train`` - one ``InnerLoop.step`` of the configured model (the CPU preset, batch 64 by default)
   on synthetic clips, at ``train.precision=fp32`` and ``bf16``: forward, fp32 losses, backward, AdamW;
 * ``plan``  - one planning call as ``evaluate`` makes it (``planner_plan_fn``: the predictor's
@@ -33,6 +33,7 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from lensemble.config import load_config
@@ -70,7 +71,9 @@ def count_flops(fn) -> int:
 
 
 def matmul_peak(shapes, reps: int) -> dict[str, float]:
-    """Best GFLOP/s of ``torch.mm`` over ``shapes`` at each precision (measured, interleaved)."""
+    """Best GFLOP/s over ``shapes`` at each precision (measured, interleaved), of ``torch.mm`` (B as
+    (K, N)) and of ``F.linear`` (weight as (N, K), what the models run): without bf16 units torch's
+    bf16 kernels differ by layout (measured 0.9 against 5.1 GFLOP/s), so the peak takes the best."""
     best = dict.fromkeys(PRECISIONS, 0.0)
     for m, k, n in shapes:
         g = torch.Generator().manual_seed(0)
@@ -78,9 +81,12 @@ def matmul_peak(shapes, reps: int) -> dict[str, float]:
         for p in PRECISIONS:
             a = torch.randn(m, k, generator=g).to(DTYPES[p])
             b = torch.randn(k, n, generator=g).to(DTYPES[p])
-            torch.mm(a, b)  # warm-up: kernel selection, allocation
-            ops[p] = (lambda a=a, b=b: torch.mm(a, b))
-        for p, ts in interleaved(ops, reps).items():
+            w = torch.randn(n, k, generator=g).to(DTYPES[p])
+            torch.mm(a, b), F.linear(a, w)  # warm-up: kernel selection, allocation
+            ops[f"{p} mm"] = (lambda a=a, b=b: torch.mm(a, b))
+            ops[f"{p} linear"] = (lambda a=a, w=w: F.linear(a, w))
+        for name, ts in interleaved(ops, reps).items():
+            p = name.split()[0]
             best[p] = max(best[p], 2 * m * k * n / min(ts) / 1e9)
     return best
 
