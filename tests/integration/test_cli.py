@@ -67,7 +67,8 @@ def test_collect_train_run_drift_evaluate(tmp_path):
     # without --out: in the checkpoint's run folder, never over the run's own report.md
     res = runner.invoke(app, ["evaluate", rounds[-1], "--episodes", "2", "--no-ladder", "--policy", "random", *base])
     assert res.exit_code == 0, res.output
-    folder = tmp_path / "run" / "evaluations" / "round-0001-random-heldout"
+    # one folder per checkpoint, policy, split and evaluation seed (issue 33: seeds no longer overwrite)
+    (folder,) = (tmp_path / "run" / "evaluations").glob("round-0001-random-heldout-seed*")
     assert (folder / "report.md").is_file() and (folder / "eval.json").is_file()
     assert res.output.strip().splitlines()[-1].startswith(f"Report: {folder / 'report.md'}")
     assert (tmp_path / "run" / "report.md").read_text().startswith("# Run `micro`")
