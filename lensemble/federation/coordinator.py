@@ -20,6 +20,7 @@ import torch
 
 from lensemble.artifacts.checkpoint import load_checkpoint, read_header, save_checkpoint
 from lensemble.artifacts.manifest import build_manifest, write_manifest
+from lensemble.artifacts.storage import remove_stale_temps, storage_errors, write_bytes_atomic
 from lensemble.config.schema import LensembleConfig
 from lensemble.config.seeds import derive
 from lensemble.data.probe import probe_split_for
@@ -84,15 +85,22 @@ class Coordinator:
         check_federation_config(cfg)
         # One process per run folder, for the life of the run (released by finish(), or by the
         # kernel when the process ends): a second run here is refused, naming this one.
+        # Under the ray engine this is a hold delegated by the driver (locks.py), verified before
+        # every commit so an orphaned coordinator cannot write here after the driver died.
         self._lock = lock_folder(self.run_dir, what="run folder")
         try:
-            self._set_up(progress)
+            # a full disk / read-only run folder is DiskFull / ReadOnlyFolder naming the path
+            with storage_errors(self.run_dir, "run folder", access=False):
+                self._set_up(progress)
         except BaseException:
             self._lock.release()
             raise
 
     def _set_up(self, progress: bool) -> None:
         cfg = self.cfg
+        # half-written checkpoint folders (.model.<random>, .state.<random>) of a killed or failed
+        # commit; only uncommitted work, and nobody else writes here while we hold the folder
+        remove_stale_temps(self.run_dir / "rounds", recursive=True)
         self.num_rounds = cfg.federation.rounds
         self.run_id = _run_id(self.run_dir)
         self.data_dir, summary = ensure_data(cfg, progress=progress)
@@ -385,9 +393,11 @@ class Coordinator:
             emb = {p: torch.from_numpy(replies[p].probe_embeddings)[self._ms] for p in accepted} | {GLOBAL_KEY: global_emb[self._ms]}
             report = self._drift(emb, t)
         ref_report = self._drift({"warmstart": self.reference_probe[self._ms], GLOBAL_KEY: global_emb[self._ms]}, t)
+        self._lock.verify()  # the first write of the round: refused to an orphaned coordinator
         if report is not None:
-            (self.run_dir / "drift").mkdir(exist_ok=True)
-            (self.run_dir / "drift" / f"round-{t:04d}.json").write_text(report.model_dump_json(indent=1))
+            with storage_errors(self.run_dir / "drift", "drift report"):
+                (self.run_dir / "drift").mkdir(exist_ok=True)
+                (self.run_dir / "drift" / f"round-{t:04d}.json").write_text(report.model_dump_json(indent=1))
             metrics.update(report.summary_metrics())
             metrics.update(report.pairwise_metrics())  # [gauge] between participants, no global frame
         if report is not None:
@@ -431,7 +441,8 @@ class Coordinator:
         metrics = {k: v for k, v in metrics.items() if v is not None}
         self.history.append({**metrics, "dropped": dropped, **({"update_norms": norms} if norms else {})})
         self._commit(t, metrics)
-        self.sink.log(t, metrics)
+        with storage_errors(self.sink.path, "metrics log"):
+            self.sink.log(t, metrics)
         self.next_round = t + 1
         return {**metrics, "dropped": dropped}  # the driver's round line names the refused replies
 
@@ -472,6 +483,7 @@ class Coordinator:
                            probe_subset={"role": "measurement", **self.split.record()}, degenerate="mask")
 
     def _commit(self, t: int, metrics: dict) -> None:
+        self._lock.verify()  # RunOwnerGone once the driver that holds the folder is gone
         folder = self._round_dir(t)
         arch = architecture(self.cfg.model)
         cfgh = self.cfg.config_hash()
@@ -499,7 +511,10 @@ class Coordinator:
             "config_hash": self.cfg.config_hash(),
             "rounds": self.history,
         }
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True, default=str))
+        self._lock.verify()
+        # whole or not at all: a full disk must not leave a truncated summary.json a reader trusts
+        write_bytes_atomic(self.run_dir / "summary.json",
+                           json.dumps(summary, indent=1, sort_keys=True, default=str).encode(), what="run summary")
         self.sink.close()
         self._lock.release()
         return summary

@@ -138,3 +138,17 @@ def test_the_cause_crosses_the_silo_boundary_without_the_text():
     text = str(info.value)
     assert "silo-1 failed: DiskFull [disk_full]: No space left on device" in text
     assert "free space there" in text and "round_timeout_s" not in text
+
+
+def test_the_ray_driver_names_the_coordinators_disk_error_from_its_log():
+    from lensemble.federation.flower.runtime import storage_cause
+
+    line = ("lensemble.errors.DiskFull: [disk_full] writing checkpoint state to /r/rounds/round-0001/state "
+            "failed: No space left on device (errno ENOSPC) (fix: Free space on ...)")
+    named = storage_cause(f"[lensemble] round 1/2 ...\n{line}\nERROR: Exit Code: 700\n")
+    assert isinstance(named, DiskFull) and str(named).startswith("[disk_full] writing checkpoint state to /r/")
+    assert named.message.endswith("(errno ENOSPC)")
+    # a participant's disk is the quorum's message (it names the site), not the coordinator's
+    quorum = ("[fault_tolerance_exceeded] round 0: 1 valid update(s), quorum is 2 (silo-1 failed: "
+              "DiskFull [disk_full]: No space left on device at its site)")
+    assert storage_cause(quorum) is None

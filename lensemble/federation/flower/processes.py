@@ -10,7 +10,10 @@ telemetry and update checks off, runtime dependency installation off, and the cu
 ``flower-superexec`` by name). Every wait has a deadline. :meth:`FlowerProcess.stop` ends the
 process it started and every descendant it had (the SuperLink starts its SuperExec in a new
 session, so a process-group signal would miss it; Ray's raylet and workers descend from the
-simulation process), by PID, SIGTERM first and SIGKILL after a grace period.
+simulation process), by PID, SIGTERM first and SIGKILL after a grace period. A SIGKILL of the
+process that started them cannot run that code: every process started here also dies with its
+parent (Linux ``PR_SET_PDEATHSIG``, :func:`die_with_parent`), and the ray engine adds a guardian
+that reaps the rest of the tree (:mod:`lensemble.federation.flower.guardian`).
 
 :func:`stage_app` copies the Flower app (pyproject.toml, lensemble/, configs/) to a clean folder:
 ``flwr run`` builds the FAB by walking every file under the app folder, and a ``.venv`` inside the
@@ -23,6 +26,8 @@ of it by its temp dir.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import shutil
 import signal
@@ -91,6 +96,38 @@ def port_open(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _load_prctl():
+    # Loaded here, in the parent: dlopen between fork and exec (in preexec_fn) can deadlock.
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def die_with_parent(sig: int = signal.SIGKILL):
+    """A ``preexec_fn`` that makes the child get ``sig`` when the thread that started it ends
+    (the process, for a caller that waits on its child in the same thread, as here); None off
+    Linux. Checks the parent did not die between fork and prctl (the signal would never come)."""
+    if _PRCTL is None:
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        _PRCTL(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # orphaned already: the death signal was missed
+            os.kill(os.getpid(), int(sig))
+
+    return preexec
 
 
 def _children(pid: int) -> list[int]:
@@ -184,12 +221,17 @@ class FlowerProcess:
 
 def _spawn(name: str, argv: Sequence[str], *, home: Path, workdir: Path, port: int,
            env_extra: Mapping[str, str] | None, cwd: Path | None = None) -> FlowerProcess:
-    """Start ``argv`` with its log in ``workdir``; it runs in ``cwd`` (default ``workdir``)."""
+    """Start ``argv`` with its log in ``workdir``; it runs in ``cwd`` (default ``workdir``).
+
+    The process dies with the thread that started it (:func:`die_with_parent`): a SIGKILLed
+    driver or test run leaves no SuperLink listening (issue 33). Start it from the thread that
+    also stops it (every caller here does)."""
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / f"{name}.log"
     with open(log_path, "wb") as log:
         popen = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=cwd or workdir,
-                                 env=flower_env(home, env_extra), stdin=subprocess.DEVNULL)
+                                 env=flower_env(home, env_extra), stdin=subprocess.DEVNULL,
+                                 preexec_fn=die_with_parent())
     return FlowerProcess(name=name, popen=popen, home=home, log_path=log_path, port=port, argv=list(argv))
 
 
@@ -372,6 +414,6 @@ def stage_app(src_root: Path | str, dest: Path | str) -> Path:
 
 __all__ = [
     "LOOPBACK", "FlowerProcess", "TLSFiles", "venv_bin", "flower_env", "free_port", "free_ports", "port_open",
-    "descendants", "wait_for_port", "start_superlink", "stop_all", "write_cli_config", "flwr_cli",
+    "descendants", "die_with_parent", "wait_for_port", "start_superlink", "stop_all", "write_cli_config", "flwr_cli",
     "stage_app", "start_ray_head", "processes_mentioning",
 ]

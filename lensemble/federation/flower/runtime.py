@@ -14,7 +14,17 @@ does what ``flwr run`` does for a local simulation federation, with processes it
    SuperNode; Ray's default of two CPUs would run clients one after another on 2 cores);
 4. stream the ServerApp's ``[lensemble]`` lines to stderr, and stop the SuperLink and every
    process it started (SuperExec, the simulation runtime, Ray) by PID when the run ends — also on
-   an error or Ctrl-C.
+   an error, Ctrl-C or SIGTERM.
+
+**When the driver is SIGKILLed** (issue 33) none of that can run. This process holds the run
+folder's lock for the whole run and hands the processes it starts a delegated hold
+(:func:`~lensemble.federation.locks.delegate_env`), which the coordinator verifies before every
+commit: an orphan cannot commit a round. The SuperLink and the ``flwr run`` CLI die with this
+process (``PR_SET_PDEATHSIG``), and a guardian process
+(:mod:`~lensemble.federation.flower.guardian`) SIGKILLs the rest of the tree (SuperExec,
+``flwr-simulation``, Ray) within a second; the ServerApp also exits on its own once this process is
+gone (:func:`~lensemble.federation.flower.server_app.watch_owner`). Running the command again
+resumes from the last committed round.
 
 **On a cluster** (``ray_address``): Flower's simulation runtime calls ``ray.init()`` with no
 address and its federation config has no address key, so the address travels the way Ray reads
@@ -41,18 +51,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from lensemble.artifacts.storage import storage_errors
 from lensemble.config.loader import config_dir
 from lensemble.config.schema import LensembleConfig
-from lensemble.errors import ConfigError, RoundError
+from lensemble.errors import ConfigError, DiskFull, LensembleError, ReadOnlyFolder, RoundError
+from lensemble.federation.flower.guardian import start_guardian
 from lensemble.federation.flower.processes import (
     LOOPBACK,
+    die_with_parent,
     flower_env,
     free_port,
     port_open,
@@ -61,6 +76,7 @@ from lensemble.federation.flower.processes import (
     venv_bin,
     write_cli_config,
 )
+from lensemble.federation.locks import delegate_env, lock_folder
 
 CONNECTION = "lensemble-sim"
 # Beyond the rounds' own deadlines: SuperLink start, FAB build, Ray start, warm start, collection.
@@ -156,41 +172,76 @@ def run_with_flwr(cfg: LensembleConfig, run_dir: str | Path, *, progress: bool =
     """
     check_placement(cfg, ray_address=ray_address, client_cpus=client_cpus, client_gpus=client_gpus)
     run_dir = Path(run_dir).resolve()
+    # Held for the whole run; the coordinator gets a delegated hold tied to this process's life.
+    # A read-only or full run folder is refused here, by name (ReadOnlyFolder / DiskFull).
+    hold = lock_folder(run_dir, what="run folder")
+    try:
+        return _run_locked(cfg, run_dir, hold, progress=progress, verbose=verbose, ray_address=ray_address,
+                           client_cpus=client_cpus, client_gpus=client_gpus)
+    finally:
+        hold.release()
+
+
+def _run_locked(cfg: LensembleConfig, run_dir: Path, hold, *, progress: bool, verbose: bool,
+                ray_address: str | None, client_cpus: int, client_gpus: float) -> dict:
     work = run_dir / "flower"
-    work.mkdir(parents=True, exist_ok=True)
     summary_path = run_dir / "summary.json"
     started_at = time.time()
-    app = stage_app(app_root(), work / "app")
-    state_dir = Path(cfg.federation.state_dir or run_dir / "nodes").resolve()
-    run_config = write_run_config(work / "run-config.toml", cfg, run_dir, state_dir, progress)
-    cli_home = work / "cli-home"
     fed_config = federation_config(cfg.data.num_silos, client_cpus=client_cpus, client_gpus=client_gpus)
-    (work / "placement.json").write_text(json.dumps(
-        {"ray_address": ray_address, "federation_config": fed_config, "cwd": os.getcwd()}, indent=1) + "\n")
-    # Ray reads its cluster address from RAY_ADDRESS; SuperExec and flwr-simulation inherit it.
-    link = start_superlink(work, port=free_port(), simulation=True, cwd=Path.cwd(),
-                           env_extra={"RAY_ADDRESS": ray_address})
+    with storage_errors(work, "staging the Flower app", access=False):
+        work.mkdir(parents=True, exist_ok=True)
+        app = stage_app(app_root(), work / "app")
+        state_dir = Path(cfg.federation.state_dir or run_dir / "nodes").resolve()
+        run_config = write_run_config(work / "run-config.toml", cfg, run_dir, state_dir, progress)
+        (work / "placement.json").write_text(json.dumps(
+            {"ray_address": ray_address, "federation_config": fed_config, "cwd": os.getcwd()}, indent=1) + "\n")
+    cli_home = work / "cli-home"
+    guardian = start_guardian(work / "guardian.log")  # reaps the tree if this process is SIGKILLed
+    link = None
     previous = _stop_on_sigterm()
     try:
+        # Ray reads its cluster address from RAY_ADDRESS; SuperExec and flwr-simulation inherit it,
+        # and the delegated run-folder hold (locks.DELEGATE_ENV) with it.
+        link = start_superlink(work, port=free_port(), simulation=True, cwd=Path.cwd(),
+                               env_extra={"RAY_ADDRESS": ray_address, **delegate_env(run_dir)})
+        guardian.watch(link.pid)
         write_cli_config(cli_home, {CONNECTION: {"address": f"{LOOPBACK}:{link.port}", "insecure": True}})
         argv = [str(venv_bin() / "flwr"), "run", str(app), CONNECTION, "--stream",
                 "--run-config", str(run_config), "--federation-config", fed_config]
         log_path = work / "flwr-run.log"
         rc = _stream(argv, env=flower_env(cli_home), log_path=log_path, deadline_s=_deadline_s(cfg),
-                     show_all=verbose, show=progress)
+                     show_all=verbose, show=progress, on_start=guardian.watch)
     finally:
-        link.stop()
+        if link is not None:
+            link.stop()
+        guardian.done()  # everything is stopped: the guardian leaves without killing
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     fresh = summary_path.exists() and summary_path.stat().st_mtime >= started_at
     if rc != 0 or not fresh:
         tail = log_path.read_text(errors="replace")[-4000:] if log_path.exists() else ""
         superlink_tail = link.log_text()[-2000:]
+        named = storage_cause(tail)
+        if named is not None:  # the coordinator's disk: said first, with its remedy, not as a log tail
+            raise named
         raise RoundError(f"the Flower simulation did not finish (flwr run exit code {rc}); "
                          f"log {log_path}:\n{tail}\nSuperLink log:\n{superlink_tail}",
                          remediation="read the ServerApp error above; --engine inprocess runs the same "
                                      "rounds without Flower")
     return json.loads(summary_path.read_text())
+
+
+_CAUSE = re.compile(r"\[(disk_full|read_only)\] (.+?)(?: \(fix: .*)?$")
+
+
+def storage_cause(log_tail: str) -> LensembleError | None:
+    """The coordinator's DiskFull / ReadOnlyFolder as the ServerApp logged it, or None."""
+    for line in reversed(log_tail.splitlines()):
+        found = _CAUSE.search(line.strip())
+        if found:
+            cls = DiskFull if found.group(1) == DiskFull.code else ReadOnlyFolder
+            return cls(found.group(2))
+    return None
 
 
 def _raise_exit(signum, _frame):
@@ -206,12 +257,18 @@ def _stop_on_sigterm():
     return signal.signal(signal.SIGTERM, _raise_exit)
 
 
-def _stream(argv: list[str], *, env: dict, log_path: Path, deadline_s: float, show_all: bool, show: bool) -> int:
-    """Run ``argv``; copy its output to ``log_path`` and the chosen lines to stderr; kill at the deadline."""
+def _stream(argv: list[str], *, env: dict, log_path: Path, deadline_s: float, show_all: bool, show: bool,
+            on_start: Callable[[int], None] | None = None) -> int:
+    """Run ``argv``; copy its output to ``log_path`` and the chosen lines to stderr; kill at the deadline.
+
+    The process dies with this one (``PR_SET_PDEATHSIG``); ``on_start(pid)`` is told its PID."""
     end = time.monotonic() + deadline_s
     with open(log_path, "w") as log, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                       env=env, text=True, stdin=subprocess.DEVNULL,
-                                                      cwd=os.getcwd(), bufsize=1) as proc:
+                                                      cwd=os.getcwd(), bufsize=1,
+                                                      preexec_fn=die_with_parent()) as proc:
+        if on_start is not None:
+            on_start(proc.pid)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:

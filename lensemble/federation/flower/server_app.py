@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import shlex
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.flower import merge_run_config
 from lensemble.federation.flower.secagg import SecureGridAsk
 from lensemble.federation.flower.transport import GridAsk
+from lensemble.federation.locks import delegated_owner, owner_gone
 from lensemble.federation.rounds import drive_rounds
 
 
@@ -62,6 +65,7 @@ def make_server_app(coordinator: Callable[..., Any] = Coordinator, *,
 
     @server.main()
     def main(grid: Grid, context: Context) -> None:
+        watch_owner()
         try:
             rc = merge_run_config(context.run_config, baked)
             cfg = resolve_config(rc)
@@ -81,6 +85,37 @@ def make_server_app(coordinator: Callable[..., Any] = Coordinator, *,
     return server
 
 
+OWNER_POLL_S = 1.0
+ORPHAN_EXIT_CODE = 75  # this process's driver is gone (EX_TEMPFAIL: run the command again)
+
+
+def watch_owner(poll_s: float = OWNER_POLL_S, on_gone: Callable[[str], None] | None = None) -> bool:
+    """In a process started by a ``lensemble run`` driver (:func:`~lensemble.federation.locks.delegated_owner`):
+    a daemon thread that ends this process within ``poll_s`` once the driver is gone or another
+    run holds the folder. Returns whether it started one (not outside such a driver).
+
+    The driver's guardian normally kills the whole tree first; this is the fallback for a tree the
+    guardian could not reach, so an orphaned federation stops training (and the coordinator's
+    pre-commit check already refuses its writes). ``on_gone`` replaces the exit (tests).
+    """
+    info = delegated_owner()
+    if info is None:
+        return False
+
+    def exit_now(why: str) -> None:
+        print(f"[lensemble] {why}: this federation (PID {os.getpid()}) stops, nothing more is written",
+              file=sys.stderr, flush=True)
+        os._exit(ORPHAN_EXIT_CODE)  # no cleanup runs: nothing of an orphan's may reach the run folder
+
+    def loop() -> None:
+        while (why := owner_gone(info)) is None:
+            time.sleep(poll_s)
+        (on_gone or exit_now)(why)
+
+    threading.Thread(target=loop, name="lensemble-owner-watch", daemon=True).start()
+    return True
+
+
 def stop_busy_ray_actors() -> int:
     """In a Ray simulation process: kill the actors still running a message; return how many.
 
@@ -93,7 +128,10 @@ def stop_busy_ray_actors() -> int:
     """
     module = sys.modules.get("flwr.server.superlink.fleet.vce.backend.raybackend")
     ray = sys.modules.get("ray")
-    if module is None or ray is None or not ray.is_initialized():
+    # Ray may still be half-imported by the runtime's other thread (a resumed run with no round
+    # left ends before Ray is up): no ``is_initialized`` yet, and no actor to kill either.
+    is_initialized = getattr(ray, "is_initialized", None)
+    if module is None or not callable(is_initialized) or not is_initialized():
         return 0
     killed = 0
     backends = [o for o in gc.get_objects() if isinstance(o, module.RayBackend)]
@@ -110,4 +148,4 @@ def stop_busy_ray_actors() -> int:
 
 app = make_server_app()
 
-__all__ = ["app", "make_server_app", "resolve_config", "resolve_run_dir", "stop_busy_ray_actors"]
+__all__ = ["app", "make_server_app", "resolve_config", "resolve_run_dir", "stop_busy_ray_actors", "watch_owner"]
