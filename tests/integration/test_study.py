@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import yaml
+from study_synthetic import synthetic_study
 
 from lensemble.cli import study_command
 from lensemble.data.residency import mark_silo_folder
@@ -16,7 +17,6 @@ from lensemble.study import runner
 from lensemble.study.analysis import analyze
 from lensemble.study.files import write_summary
 from lensemble.study.plan import expand_sweep, normalize_overrides, overrides_from_config, plan_study
-from lensemble.study.registry import build_registry, sync_registry
 from lensemble.study.report import FIGURES
 from lensemble.study.spec import load_study_spec
 
@@ -272,31 +272,6 @@ def test_sweep_overrides_use_hydra_multirun_syntax():
 
 
 # ------------------------------------------------------------------- the decision rules, on synthetic summaries
-def _synthetic_study(tmp_path, values, overrides=(), rounds=None):
-    """A 6-seed tiny plan whose summaries are written from ``values(arm, seed) -> (success, drift, dim)``
-    (``rounds(arm, seed, drift) -> round records`` replaces the default two rounds of full-rotation drift)."""
-    spec = load_study_spec("tiny", ["registry.min_seeds=3", *overrides], seeds=list(range(6)), sweeps=[])
-    plan = plan_study(spec)
-    d = tmp_path / "tiny"
-    d.mkdir(parents=True)
-    (d / "plan.json").write_text(json.dumps(plan.to_json()))
-    sync_registry(d, build_registry(spec, plan), runs_done=0)
-    for rid, run in plan.runs.items():
-        summary = {"run_id": rid, "kind": run.kind, "arm": run.arm, "seed": run.seed, "spec_hash": run.spec_hash,
-                   "seconds": {"train": 1.0, "eval": 1.0}}
-        if run.kind != "warmstart":
-            success, drift, dim = values(run.arm, run.seed)
-            n = 40
-            summary["eval"] = {"success_rate": round(success * n) / n, "n_successes": round(success * n),
-                               "n_episodes": n, "effective_dim": dim, "latent_std": 1.0}
-            if run.kind == "federated":
-                summary["rounds"] = (rounds(run.arm, run.seed, drift) if rounds else
-                                     [{"gauge/drift_angle_deg": drift * f} for f in (0.5, 1.0)])
-        (d / "runs").mkdir(exist_ok=True)
-        (d / "runs" / f"{rid}.json").write_text(json.dumps(summary))
-    return d
-
-
 def test_decisions_confirm_clear_effects_and_falsify_absent_ones(tmp_path):
     table = {"central": (0.5, None, 20.0), "local": (0.1, None, 18.0), "naive": (0.1, 60.0, 3.0),
              "warmstart_only": (0.1, None, 18.0),
@@ -307,7 +282,7 @@ def test_decisions_confirm_clear_effects_and_falsify_absent_ones(tmp_path):
         jitter = 0.01 * ((seed * 7) % 5 - 2)
         return s + jitter, (drift or 0.0) * (1 + jitter), dim + 10 * jitter
 
-    labels = {c["id"]: c for c in analyze(_synthetic_study(tmp_path / "a", clear))["claims"]}
+    labels = {c["id"]: c for c in analyze(synthetic_study(tmp_path / "a", clear))["claims"]}
     assert labels["C1"]["label"] == "confirmed" and labels["C2"]["label"] == "confirmed"
     assert labels["C3"]["label"] == "confirmed" and 0.5 < labels["C3"]["rho"]["rho"] < 1.0
     assert labels["C4"]["label"] == "inconclusive"  # no sweep ran
@@ -324,7 +299,7 @@ def test_decisions_confirm_clear_effects_and_falsify_absent_ones(tmp_path):
             s, drift = clear("local", seed)[0], clear("naive", seed)[1] + 0.5 * (seed % 2 - 0.5)
         return s, drift, dim
 
-    labels = {c["id"]: c for c in analyze(_synthetic_study(tmp_path / "b", no_anchor_effect))["claims"]}
+    labels = {c["id"]: c for c in analyze(synthetic_study(tmp_path / "b", no_anchor_effect))["claims"]}
     assert labels["C2"]["label"] == "falsified"          # anchored drift no lower than naive
     assert labels["C3"]["label"] in ("falsified", "inconclusive")
     assert labels["C3"]["rho"]["rho"] is None or labels["C3"]["rho"]["rho_ci"][1] < 0.5
@@ -376,10 +351,10 @@ def _clear(arm, seed):
 
 
 def test_drift_claims_measure_the_registered_drift_metric(tmp_path):
-    full = {c["id"]: c for c in analyze(_synthetic_study(tmp_path / "full", _clear, rounds=_anchor_degenerate))["claims"]}
+    full = {c["id"]: c for c in analyze(synthetic_study(tmp_path / "full", _clear, rounds=_anchor_degenerate))["claims"]}
     # The full-rotation angle is unmeasured on the anchored arm: no drift claim can be decided.
     assert full["C2"]["label"] == "inconclusive" and full["C2"]["components"][0]["metric"] == "drift_mean"
-    d = _synthetic_study(tmp_path / "sub", _clear, ["registry.drift_metric=subspace"], rounds=_anchor_degenerate)
+    d = synthetic_study(tmp_path / "sub", _clear, ["registry.drift_metric=subspace"], rounds=_anchor_degenerate)
     reg = yaml.safe_load((d / "registry.yaml").read_text())
     c2 = next(c for c in reg["claims"] if c["id"] == "C2")
     assert c2["components"][0]["metric"] == "drift_subspace_mean" and "principal subspace" in c2["hypothesis"]
@@ -398,7 +373,7 @@ def _replay_record(run_id, value, *, equal=True, rnd=1):
 
 
 def test_remeasured_rounds_fill_missing_values_only_when_verified(tmp_path):
-    d = _synthetic_study(tmp_path / "sub", _clear, ["registry.drift_metric=subspace"], rounds=_anchor_degenerate)
+    d = synthetic_study(tmp_path / "sub", _clear, ["registry.drift_metric=subspace"], rounds=_anchor_degenerate)
     anchor0 = next(p.stem for p in (d / "runs").glob("anchor*s0*.json"))
     (d / "remeasured").mkdir()
     # A replay whose state did not reproduce is ignored: the value stays missing.
@@ -432,7 +407,7 @@ def test_old_summaries_fall_back_to_seed_pairing_and_say_so(tmp_path):
     def flat(arm, seed):
         return 0.3 + 0.01 * (seed % 3), 40.0 + seed, 10.0 + 0.1 * seed
 
-    d = _synthetic_study(tmp_path / "old", flat)
+    d = synthetic_study(tmp_path / "old", flat)
     a = analyze(d)
     assert a["pairing"]["seed"] > 0 and a["pairing"]["episode"] == 0
     assert any("per-episode records" in n for n in a["notes"])

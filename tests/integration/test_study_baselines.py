@@ -3,14 +3,13 @@ per-silo central control and naive FedAvg with the per-silo objective; ρ agains
 reference (the twin) and the descriptive table against both references. Plans and synthetic
 summaries only: nothing trains."""
 
-import json
-
 import pytest
+from study_synthetic import synthetic_study
 
 from lensemble.errors import ConfigError
 from lensemble.study.analysis import analyze
 from lensemble.study.plan import estimate_seconds, plan_study
-from lensemble.study.registry import build_registry, sync_registry
+from lensemble.study.registry import build_registry
 from lensemble.study.spec import load_study_spec
 
 BASELINES = "baselines=[warmstart_only,central,twin,central_persilo,local,naive_silo]"
@@ -62,33 +61,14 @@ def test_a_reference_that_is_not_a_baseline_is_refused():
         load_study_spec("tiny", ["registry.rho_reference=twin"], sweeps=[])
 
 
-def _study(tmp_path, rates):
-    """Synthetic summaries of a 6-seed plan: arm success ``rates[arm]`` (+ a small per-seed jitter)."""
-    spec = _spec(seeds=range(6))
-    plan = plan_study(spec)
-    d = tmp_path / "tiny"
-    (d / "runs").mkdir(parents=True)
-    (d / "plan.json").write_text(json.dumps(plan.to_json()))
-    sync_registry(d, build_registry(spec, plan), runs_done=0)
-    for rid, run in plan.runs.items():
-        summary = {"run_id": rid, "kind": run.kind, "arm": run.arm, "seed": run.seed, "spec_hash": run.spec_hash,
-                   "seconds": {"train": 1.0, "eval": 1.0}}
-        if run.kind != "warmstart":
-            n = 40
-            k = round((rates[run.arm] + 0.025 * ((run.seed * 7) % 3 - 1)) * n)
-            summary["eval"] = {"success_rate": k / n, "n_successes": k, "n_episodes": n, "effective_dim": 5.0,
-                               "latent_std": 1.0}
-            if run.kind == "federated":
-                summary["rounds"] = [{"gauge/drift_angle_deg": 10.0 * f} for f in (0.5, 1.0)]
-        (d / "runs" / f"{rid}.json").write_text(json.dumps(summary))
-    return d
-
-
 def test_rho_is_decided_against_the_twin_and_described_against_both(tmp_path):
     # the anchored rung recovers 60 % of local -> twin, but only 40 % of local -> central (rates in 40ths)
     rates = {"warmstart_only": 0.2, "local": 0.2, "twin": 0.7, "central": 0.95, "central_persilo": 0.3,
              "naive_silo": 0.2, "naive": 0.5, "anchor": 0.5}
-    out = analyze(_study(tmp_path, rates))
+    def values(arm, seed):  # success, drift, effective dimension; a per-seed jitter of one episode in 40
+        return rates[arm] + 0.025 * ((seed * 7) % 3 - 1), 10.0, 5.0
+
+    out = analyze(synthetic_study(tmp_path, values, [BASELINES, "registry.rho_reference=twin"], run_overrides=[POOLED]))
     c3 = next(c for c in out["claims"] if c["id"] == "C3")
     assert c3["rho"]["reference"] == "twin" and c3["rho"]["rho"] == pytest.approx(0.6, abs=0.02)
     table = {(r["arm"], r["reference"]): r for r in out["rho_table"]}

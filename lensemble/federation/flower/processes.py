@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lensemble.federation.flower.guardian import process_table
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -130,28 +132,14 @@ def die_with_parent(sig: int = signal.SIGKILL):
     return preexec
 
 
-def _children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (Linux /proc)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # the command name (field 2) may contain spaces; the parent pid follows the closing ")"
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 1 and int(fields[1]) == pid:
-            out.append(int(entry.name))
-    return out
-
-
 def descendants(pid: int) -> list[int]:
-    """All descendants of ``pid``, parents before children."""
+    """All descendants of ``pid``, parents before children (one pass over /proc)."""
+    children: dict[int, list[int]] = {}
+    for child, parent in process_table().items():
+        children.setdefault(parent, []).append(child)
     found, frontier = [], [pid]
     while frontier:
-        kids = [c for p in frontier for c in _children(p)]
+        kids = [c for p in frontier for c in children.get(p, ())]
         found.extend(kids)
         frontier = kids
     return found
