@@ -17,7 +17,9 @@ What is here, and why these choices:
   sampled: intervals are then too narrow, and a verdict should lean to "inconclusive".
 * **Rates**: Wilson score interval (good coverage, never leaves [0, 1], sensible at 0/n).
 * **Two proportions**: the difference with Newcombe's hybrid score interval (built from the two
-  Wilson intervals) and a pooled z-test or Fisher's exact test p-value.
+  Wilson intervals) and a pooled z-test or Fisher's exact test p-value; for paired outcomes (two
+  arms on the same tasks) Newcombe's paired interval, corrected for the arms' correlation, with
+  the exact McNemar p-value.
 * **Paired tests**: an exact (or Monte-Carlo) sign-flip permutation test of the mean paired
   difference.
 * **Multiplicity**: Holm (step-down), returning reject flags and adjusted p-values.
@@ -84,7 +86,9 @@ class PairedDifference:
 
 @dataclass(frozen=True)
 class ProportionComparison:
-    """Difference ``p_a - p_b`` of two independent rates with its CI and a test p-value."""
+    """Difference ``p_a - p_b`` of two rates with its CI and a test p-value: independent samples
+    (:func:`compare_proportions`) or paired outcomes on the same tasks
+    (:func:`compare_paired_proportions`); ``test`` names the test behind ``p_value``."""
 
     p_a: float
     p_b: float
@@ -554,6 +558,23 @@ class McNemarResult:
     alternative: str
 
 
+def paired_table(a, b) -> tuple[int, int, int, int]:
+    """The 2x2 table of paired binary outcomes: (both, a_only, b_only, neither) task counts.
+
+    Args:
+        a, b: 1-D boolean (or 0/1) arrays of the same length n >= 1; entry i is task i's outcome
+            under arm A and under arm B.
+    """
+    x = as_1d(np.asarray(a, dtype=float), "a")
+    y = as_1d(np.asarray(b, dtype=float), "b")
+    if x.size != y.size:
+        raise EvaluationError(f"paired outcomes differ in length: {x.size} vs {y.size}")
+    if not (np.isin(x, (0.0, 1.0)).all() and np.isin(y, (0.0, 1.0)).all()):
+        raise EvaluationError("paired outcomes must be binary (0/1 or booleans)")
+    xa, ya = x == 1, y == 1
+    return int((xa & ya).sum()), int((xa & ~ya).sum()), int((~xa & ya).sum()), int((~xa & ~ya).sum())
+
+
 def mcnemar_exact(a, b, *, alternative: Alternative = "two-sided") -> McNemarResult:
     """Exact McNemar test that arms A and B succeed equally often on the same tasks.
 
@@ -563,16 +584,72 @@ def mcnemar_exact(a, b, *, alternative: Alternative = "two-sided") -> McNemarRes
 
     With no discordant pair there is no evidence either way and the p-value is 1.
     """
-    x = as_1d(np.asarray(a, dtype=float), "a")
-    y = as_1d(np.asarray(b, dtype=float), "b")
-    if x.size != y.size:
-        raise EvaluationError(f"paired outcomes differ in length: {x.size} vs {y.size}")
-    if not (np.isin(x, (0.0, 1.0)).all() and np.isin(y, (0.0, 1.0)).all()):
-        raise EvaluationError("McNemar's test needs binary outcomes (0/1 or booleans)")
-    a_only, b_only = int(((x == 1) & (y == 0)).sum()), int(((x == 0) & (y == 1)).sum())
+    _, a_only, b_only, _ = paired_table(a, b)
     n = a_only + b_only
     p = 1.0 if n == 0 else float(stats.binomtest(a_only, n, 0.5, alternative=alternative).pvalue)
     return McNemarResult(a_only, b_only, p, alternative)
+
+
+def _paired_phi(both: int, a_only: int, b_only: int, neither: int) -> float:
+    """Newcombe's (1998) continuity-corrected phi coefficient of a paired 2x2 table.
+
+    0 when any margin is 0. The cross-product ``both·neither − a_only·b_only`` is shrunk towards
+    0 by n/2 when positive (never below 0) and used as is when negative, as in the paper.
+    """
+    n = both + a_only + b_only + neither
+    margins = (both + a_only) * (b_only + neither) * (both + b_only) * (a_only + neither)
+    if margins == 0:
+        return 0.0
+    cross = both * neither - a_only * b_only
+    numerator = max(cross - n / 2, 0.0) if cross > 0 else float(cross)
+    return numerator / math.sqrt(margins)
+
+
+def compare_paired_proportions(a, b, *, alpha: float = 0.05) -> ProportionComparison:
+    """Compare two success rates measured on the *same* tasks (paired binary outcomes).
+
+    Args:
+        a, b: 1-D boolean (or 0/1) arrays of the same length n: entry i is task i's outcome
+            under arm A and under arm B (e.g. two models run on one goal-spec hash and eval seed).
+        alpha: 1 - confidence level (two-sided).
+
+    Returns:
+        :class:`ProportionComparison` of ``p_a - p_b`` with ``ci.method == "newcombe-paired"`` and
+        ``test == "mcnemar-exact"``.
+
+    Why paired: outcomes of two models on the same task are usually positively correlated (an
+    easy task is easy for both), so the difference varies less than two independent samples
+    would; the unpaired :func:`compare_proportions` ignores that and is too wide, while here
+    only the correlation the table shows narrows the interval.
+
+    The CI is Newcombe's method 10 (square-and-add of the two Wilson intervals (l1, u1) of
+    p_a and (l2, u2) of p_b, corrected for their correlation φ, :func:`_paired_phi`)::
+
+        L = θ − sqrt((p_a − l1)² − 2φ(p_a − l1)(u2 − p_b) + (u2 − p_b)²)
+        U = θ + sqrt((u1 − p_a)² − 2φ(u1 − p_a)(p_b − l2) + (p_b − l2)²),   θ = p_a − p_b,
+
+    clipped to [−1, 1]; with φ = 0 it is the unpaired hybrid score interval. The p-value is the
+    exact two-sided McNemar test (:func:`mcnemar_exact`).
+
+    Reference: R. G. Newcombe (1998), "Improved confidence intervals for the difference between
+    binomial proportions based on paired data", Statistics in Medicine 17:2635-2650.
+    """
+    alpha = check_alpha(alpha)
+    both, a_only, b_only, neither = paired_table(a, b)
+    n = both + a_only + b_only + neither
+    ka, kb = both + a_only, both + b_only
+    pa, pb = ka / n, kb / n
+    wa, wb = wilson_interval(ka, n, alpha=alpha), wilson_interval(kb, n, alpha=alpha)
+    phi = _paired_phi(both, a_only, b_only, neither)
+    d = pa - pb
+
+    def spread(x: float, y: float) -> float:  # |φ| <= 1 keeps the radicand >= (x − y)² >= 0
+        return math.sqrt(max(0.0, x * x - 2 * phi * x * y + y * y))
+
+    low = d - spread(pa - wa.low, wb.high - pb)
+    high = d + spread(wa.high - pa, pb - wb.low)
+    ci = Interval(max(-1.0, low), min(1.0, high), 1 - alpha, "newcombe-paired")
+    return ProportionComparison(pa, pb, d, ci, mcnemar_exact(a, b).p_value, "mcnemar-exact")
 
 
 # --------------------------------------------------------------------------------------------
@@ -841,6 +918,7 @@ def test_verdict(
 __all__ = [
     "PairedTTest",
     "bootstrap_ci",
+    "compare_paired_proportions",
     "compare_proportions",
     "hierarchical_bootstrap",
     "holm",
@@ -848,6 +926,7 @@ __all__ = [
     "mcnemar_exact",
     "mde_paired",
     "mde_two_proportions",
+    "paired_table",
     "paired_difference",
     "paired_permutation_pvalue",
     "paired_t_test",

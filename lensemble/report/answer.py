@@ -4,18 +4,29 @@ Every sentence here is built from counts, intervals and per-round metrics by a r
 checks; nothing is phrased by hand per result.
 
 **Success comparisons** (:func:`compare_success`). Two success counts on the same n episodes are
-compared by the 95 % Newcombe hybrid score interval of their difference
-(:func:`lensemble.eval.stats.compare_proportions`, built from the two Wilson intervals):
+compared by a 95 % interval of their difference:
+
+* **paired** (:func:`lensemble.eval.stats.compare_paired_proportions`, Newcombe 1998's method 10)
+  when the per-episode outcomes of the same tasks are known: the run's arms are evaluated on one
+  goal-spec hash and eval seed, so episode i is the same task for both, and the interval uses the
+  correlation of the two models' outcomes on a task (:func:`paired_outcomes` decides);
+* **unpaired** otherwise (old reports without episode records, other tasks): Newcombe's hybrid
+  score interval (:func:`lensemble.eval.stats.compare_proportions`, built from the two Wilson
+  intervals), which treats the two models' episodes as independent samples.
+
+The rule is the same for both:
 
 * the interval lies entirely above 0 -> ``"better"``;
 * entirely below 0 -> ``"worse"``;
 * otherwise (it contains 0) -> ``"indistinguishable"``: the words say "not distinguishable ... at
   this n", never better or worse, whatever the point estimates.
 
-The interval treats the two models' episodes as independent samples. They are the same tasks
-(equal goal-spec hash), and outcomes of two models on the same task are usually positively
-correlated, which makes this interval wider than a paired one: the rule errs towards
-"indistinguishable".
+How each errs: outcomes of two models on the same task are usually positively correlated, which
+the unpaired interval ignores, so it is too wide there (it over-covers) and errs towards
+"indistinguishable"; the paired interval is close to nominal coverage and narrower exactly by the
+correlation the outcomes show, so it says "better" or "worse" at a smaller difference. With no
+correlation (φ = 0) the two coincide. :func:`smallest_resolvable_difference` stays the unpaired,
+conservative bound.
 
 **Gap recovery** (:func:`gap_sentence`, with ``lensemble run --baselines``). ρ is named with its
 interval only when the 95 % interval of S_twin − S_local excludes 0; otherwise the words say the
@@ -32,7 +43,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from lensemble.eval.stats import compare_proportions, wilson_interval
+from lensemble.errors import EvaluationError
+from lensemble.eval.reports import EvalReport, pair_episodes
+from lensemble.eval.stats import compare_paired_proportions, compare_proportions, wilson_interval
 from lensemble.observability.progress import format_bytes  # re-exported for run_report
 from lensemble.study.gap import GapRecovery
 
@@ -41,13 +54,15 @@ Reading = Literal["better", "worse", "indistinguishable"]
 
 @dataclass(frozen=True)
 class SuccessComparison:
-    """``a − b`` of two success rates: the difference, its 95 % interval and the reading."""
+    """``a − b`` of two success rates: the difference, its 95 % interval, the reading, and which
+    interval (``"newcombe-paired"`` or ``"newcombe-hybrid-score"``, the unpaired one)."""
 
     a: str
     b: str
     difference: float
     ci: tuple[float, float]
     reading: Reading
+    interval: str = "newcombe-hybrid-score"
 
 
 def reading_of(ci: tuple[float, float]) -> Reading:
@@ -60,11 +75,42 @@ def reading_of(ci: tuple[float, float]) -> Reading:
     return "indistinguishable"
 
 
-def compare_success(a: str, k_a: int, n_a: int, b: str, k_b: int, n_b: int) -> SuccessComparison:
-    """Compare ``k_a/n_a`` (model ``a``) with ``k_b/n_b`` (``b``) by the module's rule."""
-    cmp = compare_proportions(int(k_a), int(n_a), int(k_b), int(n_b))
+Outcomes = tuple[Sequence[bool], Sequence[bool]]
+
+
+def compare_success(a: str, k_a: int, n_a: int, b: str, k_b: int, n_b: int, *,
+                    outcomes: Outcomes | None = None) -> SuccessComparison:
+    """Compare ``k_a/n_a`` (model ``a``) with ``k_b/n_b`` (``b``) by the module's rule.
+
+    ``outcomes``: optional per-episode successes ``(a's, b's)`` of the same tasks, each of
+    length n_a == n_b, entry i being task i for both; given, the interval is the paired one,
+    otherwise (or when n_a != n_b) the unpaired hybrid score interval. Outcomes that disagree with
+    the counts raise EvaluationError.
+    """
+    if outcomes is not None and int(n_a) == int(n_b):
+        oa, ob = (list(o) for o in outcomes)
+        if (len(oa), len(ob), sum(map(bool, oa)), sum(map(bool, ob))) != (n_a, n_b, k_a, k_b):
+            raise EvaluationError(f"per-episode outcomes ({sum(map(bool, oa))}/{len(oa)}, "
+                                  f"{sum(map(bool, ob))}/{len(ob)}) disagree with the counts "
+                                  f"({k_a}/{n_a}, {k_b}/{n_b})")
+        cmp = compare_paired_proportions(oa, ob)
+    else:
+        cmp = compare_proportions(int(k_a), int(n_a), int(k_b), int(n_b))
     ci = (float(cmp.ci.low), float(cmp.ci.high))
-    return SuccessComparison(a, b, float(cmp.difference), ci, reading_of(ci))
+    return SuccessComparison(a, b, float(cmp.difference), ci, reading_of(ci), cmp.ci.method)
+
+
+def paired_outcomes(a: EvalReport, b: EvalReport) -> tuple[tuple[bool, ...], tuple[bool, ...]] | None:
+    """Per-episode successes ``(a's, b's)`` of two reports, task i in both at position i (sorted
+    by episode index), when they pair: both recorded their episodes, as many, on the same
+    ``goal_spec_hash``. Otherwise None (e.g. a report written before episodes were kept), and the
+    comparison falls back to the unpaired interval."""
+    if a.episodes is None or b.episodes is None or len(a.episodes) != len(b.episodes):
+        return None
+    if a.goal_spec_hash != b.goal_spec_hash:
+        return None
+    pairs = pair_episodes(a, b)  # same tasks: records naming different episodes are an error
+    return tuple(x.success for x, _ in pairs), tuple(y.success for _, y in pairs)
 
 
 def pct(x: float) -> str:
@@ -83,16 +129,25 @@ def points_text(c: SuccessComparison) -> str:
     return f"{100 * c.difference:+.0f} points [{100 * c.ci[0]:+.0f}, {100 * c.ci[1]:+.0f}]"
 
 
-def success_sentence(label: str, counts: Mapping[str, tuple[int, int]], floors: Sequence[str]) -> str:
+def success_sentence(label: str, counts: Mapping[str, tuple[int, int]], floors: Sequence[str],
+                     outcomes: Mapping[str, Sequence[bool]] | None = None) -> str:
     """The headline: ``label``'s success against each floor, with the rule's reading.
 
     ``counts`` maps names (``label`` and every floor) to (successes, episodes), e.g.
     ``success_sentence("the federated model", {"the federated model": (6, 20), "random actions":
     (2, 20), "the warm start": (5, 20)}, ["random actions", "the warm start"])``.
+    ``outcomes`` optionally maps names to per-episode successes on the same tasks (entry i the
+    same task for every name); a floor is compared by the paired interval when it and ``label``
+    both have them, by the unpaired one otherwise.
     """
     k, n = counts[label]
+    outcomes = outcomes or {}
+
+    def pair(f: str) -> Outcomes | None:
+        return (outcomes[label], outcomes[f]) if label in outcomes and f in outcomes else None
+
     against = " and ".join(f"{counts[f][0]}/{counts[f][1]} for {f}" for f in floors)
-    comparisons = [compare_success(label, k, n, f, *counts[f]) for f in floors]
+    comparisons = [compare_success(label, k, n, f, *counts[f], outcomes=pair(f)) for f in floors]
     parts = []
     for reading in ("better", "worse"):
         for c in (c for c in comparisons if c.reading == reading):
@@ -106,7 +161,11 @@ def success_sentence(label: str, counts: Mapping[str, tuple[int, int]], floors: 
 
 def smallest_resolvable_difference(n: int, base: float = 0.25) -> float:
     """The smallest gap in success rate, above a rate of ``base``, that :func:`compare_success`
-    reads as a difference with ``n`` episodes per model (for the report's reading guide)."""
+    reads as a difference with ``n`` episodes per model (for the report's reading guide).
+
+    By the unpaired interval: the conservative bound. On the same tasks the paired interval
+    resolves smaller gaps by as much as the models' outcomes are correlated, which is unknown
+    before the run."""
     k_b = int(round(base * n))
     for d in range(1, n - k_b + 1):
         if compare_success("a", k_b + d, n, "b", k_b, n).reading == "better":
@@ -233,4 +292,5 @@ def communication_sentence(rounds: Sequence[Mapping], inner_steps: int) -> str:
 
 
 __all__ = ["SuccessComparison", "communication_sentence", "compare_success", "drift_sentence", "format_bytes",
-           "gap_sentence", "rate_text", "reading_of", "smallest_resolvable_difference", "success_sentence"]
+           "gap_sentence", "paired_outcomes", "rate_text", "reading_of", "smallest_resolvable_difference",
+           "success_sentence"]

@@ -28,6 +28,7 @@ from lensemble.report.answer import (
     drift_sentence,
     format_bytes,
     gap_sentence,
+    paired_outcomes,
     smallest_resolvable_difference,
     success_sentence,
 )
@@ -283,15 +284,30 @@ def success_table(reports: Mapping[str, EvalReport], labels: Mapping[str, str]) 
     return lines
 
 
+#: The interval a comparison used, in the report's words.
+INTERVAL_TEXT = {"newcombe-paired": "paired", "newcombe-hybrid-score": "unpaired"}
+
+
 def comparison_rows(pairs, reports: Mapping[str, EvalReport], labels: Mapping[str, str]) -> list[str]:
-    lines = ["| comparison | difference [95 % Newcombe] | reading |", "|---|---|---|"]
+    """Markdown rows: per pair (a, b), a − b in points with its 95 % Newcombe interval and the reading.
+
+    The interval is paired over the tasks when both reports recorded their episodes on the same
+    tasks (:func:`~lensemble.report.answer.paired_outcomes`), unpaired otherwise; the header says
+    which, and a table mixing the two marks each row.
+    """
+    comps = []
     for a, b in pairs:
         ra, rb = reports[a], reports[b]
-        c = compare_success(a, ra.n_successes, ra.n_episodes, b, rb.n_successes, rb.n_episodes)
+        comps.append((a, b, compare_success(a, ra.n_successes, ra.n_episodes, b, rb.n_successes, rb.n_episodes,
+                                            outcomes=paired_outcomes(ra, rb))))
+    kinds = sorted({INTERVAL_TEXT[c.interval] for _, _, c in comps})
+    lines = [f"| comparison | difference [95 % Newcombe, {' or '.join(kinds)}] | reading |", "|---|---|---|"]
+    for a, b, c in comps:
         reading = {"better": "better", "worse": "worse",
                    "indistinguishable": "not distinguishable at this n"}[c.reading]
+        mark = f" ({INTERVAL_TEXT[c.interval]})" if len(kinds) > 1 else ""
         lines.append(f"| {labels.get(a, a)} − {labels.get(b, b)} | {100 * c.difference:+.1f} points "
-                     f"[{100 * c.ci[0]:+.1f}, {100 * c.ci[1]:+.1f}] | {reading} |")
+                     f"[{100 * c.ci[0]:+.1f}, {100 * c.ci[1]:+.1f}]{mark} | {reading} |")
     return lines
 
 
@@ -304,8 +320,15 @@ def answer_lines(cfg: LensembleConfig, summary: dict, evaluation: RunEvaluation 
         first = ("Planning success was not measured (--no-eval); `lensemble run` without --no-eval "
                  "evaluates the committed rounds without retraining.")
     else:
-        counts = {ARM_TEXT[a]: (r.n_successes, r.n_episodes) for a, r in evaluation.reports.items()}
-        first = success_sentence(ARM_TEXT["federated"], counts, [ARM_TEXT["random"], ARM_TEXT["warmstart"]])
+        reports = evaluation.reports
+        counts = {ARM_TEXT[a]: (r.n_successes, r.n_episodes) for a, r in reports.items()}
+        outcomes = {}  # per-episode successes of the arms that pair with the federated model's tasks
+        for floor in ("random", "warmstart"):
+            pair = paired_outcomes(reports["federated"], reports[floor])
+            if pair is not None:
+                outcomes[ARM_TEXT["federated"]], outcomes[ARM_TEXT[floor]] = pair
+        first = success_sentence(ARM_TEXT["federated"], counts, [ARM_TEXT["random"], ARM_TEXT["warmstart"]],
+                                 outcomes)
         if baselines is not None:
             twin = baselines.twin
             first += " " + gap_sentence(baselines.gap, [r.success_rate for r in baselines.locals],
@@ -379,10 +402,12 @@ def render_run_markdown(cfg: LensembleConfig, summary: dict, drift: dict[int, di
         lines += comparison_rows([("federated", "random"), ("federated", "warmstart"), ("warmstart", "random")],
                                  evaluation.reports, ARM_LABEL) + [""]
         lines += ["A difference is read as better or worse only when its 95 % interval (Newcombe's, from the "
-                  "two Wilson intervals) excludes 0; otherwise it is not distinguishable at this n. The "
-                  "interval treats the episodes of two models as independent, which is conservative for "
-                  "the same tasks. Success is the environment's flag; the last column counts the successes "
-                  "whose every step crossed the wall only through a door (docs/evaluation.md).", "",
+                  "two Wilson intervals) excludes 0; otherwise it is not distinguishable at this n. Where both "
+                  "models' per-episode outcomes are recorded the interval is paired over the tasks (Newcombe 1998, "
+                  "method 10: it uses how the two models' outcomes on a task correlate); otherwise it treats the "
+                  "episodes of two models as independent, which is conservative for the same tasks. Success is "
+                  "the environment's flag; the last column counts the successes whose every step crossed the wall "
+                  "only through a door (docs/evaluation.md).", "",
                   f"![Success with 95 % Wilson intervals]({FIG_DIR}/success.png)", ""]
         lines += ["EvalReports: " + ", ".join(f"`{EVAL_DIR}/{a}.json`" for a in {**evaluation.reports, **extra}), ""]
         if baselines is not None:
@@ -449,7 +474,9 @@ def render_run_markdown(cfg: LensembleConfig, summary: dict, drift: dict[int, di
               "from random actions has shown nothing a planner can use."
               + (f" With {evaluation.episodes} episodes per model, two rates near 25 % are told apart only "
                  f"when they differ by about {100 * smallest_resolvable_difference(evaluation.episodes):.0f} "
-                 "points or more; `--eval-episodes` with a larger N narrows the intervals." if evaluation else ""),
+                 "points or more (the unpaired bound; the paired interval resolves smaller differences when the "
+                 "models' outcomes on a task correlate); `--eval-episodes` with a larger N narrows the intervals."
+                 if evaluation else ""),
               "- **Frame drift** says how far the participants' latent frames rotate away from the global "
               "model's, read within the global model's 95 %-energy subspace (where the embeddings carry their "
               "signal) and as the share of their disagreement a rotation explains. It does not by itself decide "

@@ -14,7 +14,8 @@ intervals two-sided 95 %:
     ``goal_spec_hash``, ``report`` (its EvalReport, relative to the run folder);
 ``evaluation.comparisons.<a>-vs-<b>`` for federated-vs-random, federated-vs-warmstart, warmstart-vs-random
     ``difference`` (a − b), ``ci`` (Newcombe), ``reading`` ("better", "worse" or "indistinguishable"; the
-    rule of :mod:`lensemble.report.answer`);
+    rule of :mod:`lensemble.report.answer`), ``interval`` ("newcombe-paired" when both EvalReports recorded
+    their episodes on the same tasks, else "newcombe-hybrid-score", the unpaired interval);
 ``evaluation.baselines`` (``null`` without ``--baselines``)
     ``local_steps``, ``local_batch_size``, ``twin_steps``, ``twin_batch_size`` (every baseline starts
     from the summary's ``warmstart_hash``), ``local_success_rate`` (S_local: the mean of the local
@@ -36,7 +37,7 @@ from pathlib import Path
 
 from lensemble.config.schema import LensembleConfig
 from lensemble.eval.reports import EvalReport
-from lensemble.report.answer import compare_success
+from lensemble.report.answer import compare_success, paired_outcomes
 from lensemble.report.baselines import TWIN, BaselineResult
 from lensemble.report.run_eval import EVAL_DIR, RunEvaluation, load_summary
 from lensemble.study.files import atomic_write
@@ -85,8 +86,10 @@ def evaluation_block(cfg: LensembleConfig, evaluation: RunEvaluation | None,
     comparisons = {}
     for a, b in COMPARISONS:
         ra, rb = evaluation.reports[a], evaluation.reports[b]
-        c = compare_success(a, ra.n_successes, ra.n_episodes, b, rb.n_successes, rb.n_episodes)
-        comparisons[f"{a}-vs-{b}"] = {"difference": c.difference, "ci": list(c.ci), "reading": c.reading}
+        c = compare_success(a, ra.n_successes, ra.n_episodes, b, rb.n_successes, rb.n_episodes,
+                            outcomes=paired_outcomes(ra, rb))
+        comparisons[f"{a}-vs-{b}"] = {"difference": c.difference, "ci": list(c.ci), "reading": c.reading,
+                                      "interval": c.interval}
     block = {"schema_version": SCHEMA_VERSION, "episodes": evaluation.episodes, "split": "heldout",
              "env_id": cfg.env.id, "eval_seed": cfg.eval.seed, "goal_spec_hash": evaluation.goal_spec_hash,
              "arms": {arm: arm_record(arm, rep) for arm, rep in reports.items()}, "comparisons": comparisons,

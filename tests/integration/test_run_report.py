@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lensemble.eval.reports import EvalReport
-from lensemble.report.answer import compare_success, success_sentence
+from lensemble.report.answer import compare_success, paired_outcomes, success_sentence
 from lensemble.report.run_report import ARM_LABEL, ARM_TEXT, ARMS, FIGURES
 
 LENSEMBLE = Path(sys.executable).with_name("lensemble")
@@ -94,15 +94,23 @@ def test_success_numbers_are_the_eval_reports(micro_run):
         assert row[1] == f"{rep.n_successes}/{rep.n_episodes}"
         assert row[2] == f"{100 * rep.success_rate:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]"
         assert row[5] == f"`{rep.checkpoint_hash[:12]}…`"
+    # the run's arms recorded their episodes on one task set: every comparison is paired over the tasks
+    assert "| comparison | difference [95 % Newcombe, paired] | reading |" in md
     comparisons = table(md, "| comparison |")
     for (a, b), row in zip([("federated", "random"), ("federated", "warmstart"), ("warmstart", "random")],
                            comparisons, strict=True):
-        c = compare_success(a, reports[a].n_successes, 2, b, reports[b].n_successes, 2)
+        pair = paired_outcomes(reports[a], reports[b])
+        assert pair is not None
+        c = compare_success(a, reports[a].n_successes, 2, b, reports[b].n_successes, 2, outcomes=pair)
+        assert c.interval == summary["evaluation"]["comparisons"][f"{a}-vs-{b}"]["interval"] == "newcombe-paired"
         assert row[0] == f"{ARM_LABEL[a]} − {ARM_LABEL[b]}"
         assert row[1] == f"{100 * c.difference:+.1f} points [{100 * c.ci[0]:+.1f}, {100 * c.ci[1]:+.1f}]"
         assert row[2] == {"better": "better", "worse": "worse"}.get(c.reading, "not distinguishable at this n")
     counts = {ARM_TEXT[a]: (r.n_successes, r.n_episodes) for a, r in reports.items()}
-    expected = success_sentence(ARM_TEXT["federated"], counts, [ARM_TEXT["random"], ARM_TEXT["warmstart"]])
+    outcomes = {ARM_TEXT[a]: [e.success for e in sorted(r.episodes, key=lambda e: e.index)]
+                for a, r in reports.items()}
+    expected = success_sentence(ARM_TEXT["federated"], counts, [ARM_TEXT["random"], ARM_TEXT["warmstart"]],
+                                outcomes)
     assert expected in lines
 
 
