@@ -36,6 +36,15 @@ class ProbeError(LensembleError):
     default_remediation = "Use the public probe whose hash the run was trained with (run manifest)."
 
 
+class CollectionError(LensembleError):
+    """Data collection cannot produce the frames its settings define (e.g. a simulator worker whose
+    numerical code path differs from the one every collection uses: lensemble/numerics.py)."""
+
+    code = "collection_failed"
+    default_remediation = ("Collect in a fresh `lensemble` process with MKL_CBWR unset for its workers "
+                           "(they set MKL_CBWR=COMPATIBLE themselves).")
+
+
 class GaugeError(LensembleError):
     code = "gauge_failed"
     default_remediation = "Check the probe embeddings and the gauge settings (configs/gauge/)."

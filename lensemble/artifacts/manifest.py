@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lensemble.config.hashing import json_digest
 from lensemble.config.seeds import derive
+from lensemble.numerics import numerics_record
 
 _LIBRARIES = ("lensemble", "torch", "torchvision", "timm", "flwr", "numpy", "scipy", "pydantic",
               "opacus", "stable-worldmodel", "safetensors", "hydra-core",
@@ -81,6 +82,7 @@ def hardware() -> dict[str, str | int]:
         "cpu_count": os.cpu_count() or 0,
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+        **numerics_record(),  # the CPU and MKL's code path: they decide the rendered frames' last bits
     }
 
 

@@ -20,16 +20,16 @@ Layout written by :func:`collect_silos` under ``out_dir``::
     public/probe-<sha256>.npz        public probe frames (P, 3, H, W)
     collection.json                  the summary (no raw data)
 
-Workers: ``data.workers`` processes, each with one torch thread and its own cached env.
+Workers: ``data.workers`` fresh processes (at least one; the caller's process never simulates), each
+with one torch thread, its own cached env and MKL's ``COMPATIBLE`` code path, so that the frames
+are the same on every CPU (:mod:`lensemble.numerics` says why and what was measured).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import multiprocessing as mp
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,8 @@ from lensemble.data.partition import SiloPlan, plan_from_config
 from lensemble.data.probe import frames_from_episodes, save_probe
 from lensemble.data.residency import mark_silo_folder
 from lensemble.data.shards import EpisodeBatch, load_shard, save_shard, stack_episodes
+from lensemble.data.workers import WorkerPool
+from lensemble.numerics import cpu_model
 from lensemble.envs.adapter import _import_swm, make_env, set_single_thread
 from lensemble.envs.policies import HeldRandomPolicy, MixedPolicy, make_expert
 from lensemble.observability.progress import progress_bar, say
@@ -106,54 +108,30 @@ def _run_task(task: tuple) -> dict:
     return collect_episode(_cached_env(env_id, img_size), seed, factors, steps, share)
 
 
-def _init_worker() -> None:
+def _worker_setup() -> None:
+    """A collection worker's start (lensemble/data/workers.py): one thread, the simulator imported."""
     set_single_thread()
+    _import_swm()
 
 
 class _Runner:
-    """Runs episode tasks in order, in-process (workers=1) or on a process pool."""
+    """Runs episode tasks in order on ``workers`` fresh worker processes
+    (:class:`lensemble.data.workers.WorkerPool`: MKL's ``COMPATIBLE`` path, so that the frames do
+    not depend on the CPU or on what the caller computed before). The price is the simulator's
+    import in every worker, about 4 s each, in parallel, paid once per collection."""
     def __init__(self, workers: int):
-        self.workers = int(workers)
+        self.workers = max(1, int(workers))
         self.pool = None
-        self._threads = None
 
     def __enter__(self):
-        # Import the simulator here, once: it takes seconds, and with fork every worker inherits
-        # it (spawn would pay the import per worker, and would re-run unguarded user scripts).
-        _import_swm()
-        if self.workers > 1:
-            # Each child pins torch to one thread before its first env.
-            method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-            with warnings.catch_warnings():
-                # lancedb (imported by stable-worldmodel, never used by us) warns on any fork.
-                warnings.filterwarnings("ignore", message=".*lancedb fork support.*")
-                self.pool = mp.get_context(method).Pool(self.workers, initializer=_init_worker)
-        else:
-            import cv2
-            import torch
-
-            # Restored on exit: the caller may go on to train in this process.
-            self._threads = (torch.get_num_threads(), cv2.getNumThreads())
-            set_single_thread()
+        self.pool = WorkerPool(self.workers)
         return self
 
     def map(self, tasks: list[tuple]):
-        if self.pool is not None:
-            yield from self.pool.imap(_run_task, tasks, chunksize=1)
-        else:
-            for task in tasks:
-                yield _run_task(task)
+        yield from self.pool.map(tasks)
 
     def __exit__(self, *exc):
-        if self.pool is not None:
-            self.pool.close() if exc[0] is None else self.pool.terminate()
-            self.pool.join()
-        if self._threads is not None:
-            import cv2
-            import torch
-
-            torch.set_num_threads(self._threads[0])
-            cv2.setNumThreads(self._threads[1])
+        self.pool.close(kill=exc[0] is not None)
 
 
 # ---------------------------------------------------------------------------------------- silos
@@ -288,7 +266,9 @@ def collect_silos(cfg, out_dir: str | Path, *, progress: bool = True, reuse: boo
     seconds = time.perf_counter() - start
     summary.update(frames=frames, seconds=round(seconds, 3), startup_seconds=round(start - t0, 3),
                    frames_per_second=round(frames / max(seconds, 1e-9), 1),
-                   workers=cfg.data.workers, cached=False)
+                   workers=cfg.data.workers, cached=False,
+                   # what made the frames CPU-independent, and the CPU they were made on
+                   numerics={"mkl_mode": sorted(set(runner.pool.mkl_modes)), "cpu": cpu_model()})
     (out_dir / "collection.json").write_text(json.dumps(summary, indent=1) + "\n")
     say(f"collected {frames:,} frames in {seconds:.1f} s ({summary['frames_per_second']:,.0f} frames/s, "
         f"{cfg.data.workers} workers)", enabled=progress)

@@ -1,9 +1,11 @@
 """A study resumed on other data refuses: the finished runs' probe hashes against this machine's.
 
 The same settings can collect other frames under other library versions (the simulator, rendering,
-the resize kernel): issue 32 found a fresh install whose seed 0 probe hashed 1391d231… where the
-committed room study recorded 67e78ea0…. Pairing new runs with old ones would then compare models
-trained and scored on different data, so :func:`check_data` refuses and names what differs.
+the resize kernel) or, before collection pinned MKL's code path, on another CPU: issue 32 found a
+fresh install whose seed 0 probe hashed 1391d231… where the committed room study recorded 67e78ea0…
+— Intel MKL's AVX-512 path in the renderer (lensemble/numerics.py). Pairing new runs with old ones
+would then compare models trained and scored on different data, so :func:`check_data` refuses and
+names what differs.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def check_data(plan: StudyPlan, done: dict[str, dict], todo: list[PlannedRun]) -
             f"runs (e.g. {old['run_id']}) used {old_hash[:12]}…: the same settings give other frames on this machine, "
             f"and new runs would not pair with the old ones. {version_difference(old.get('library_versions'))}",
             remediation="install the versions the results were produced with (pip install -c constraints.txt -e "
-                        "'.[dev]', README), or run a new study (--name)")
+                        "'.[dev]', README) and collect with this version's workers (they pin MKL's code path: "
+                        "lensemble/numerics.py), or run a new study (--name)")
 
 
 def version_difference(then: dict | None) -> str:

@@ -46,6 +46,7 @@ from lensemble.errors import ConfigError, LensembleError
 from lensemble.eval.closed_loop import evaluate
 from lensemble.eval.ladder import LadderSettings
 from lensemble.federation.simulation import run_federated_simulation
+from lensemble.numerics import numerics_record
 from lensemble.observability.progress import progress_bar
 from lensemble.study.datacheck import check_data
 from lensemble.study.files import atomic_write, failure_path, load_summaries, now, summary_path, write_summary
@@ -134,6 +135,8 @@ class _Runner:
             # the collection depends on the simulator's and the image libraries' versions: kept with
             # every result so that a resume on other data can name what differs (study.datacheck)
             "library_versions": library_versions(),
+            # and on MKL's code path, which differs by CPU unless pinned (lensemble/numerics.py)
+            "numerics": numerics_record(),
         }
         if run.kind == "warmstart":
             cfg = load_config(run.overrides + [f"run_dir={rd}"])
