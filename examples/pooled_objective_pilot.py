@@ -24,6 +24,8 @@ data and trains the warm start ONCE; every arm starts from that warm start:
     fed-pooled-h10 / -h200  fed-pooled at H = 10 (20 rounds) and H = 200 (1 round): the summaries'
                             staleness at the same 200 steps per participant
     fed-pooled-anchor       fed-pooled on the anchored rung (gauge=anchor)
+    fed-pooled-backstop     fed-pooled on rung 3 (shared sketch + Procrustes backstop, no anchor)
+    fed-pooled-anchor-only  fed-pooled with the anchor but without the backstop
     random, oracle          the floors on the same tasks: random actions, and the true dynamics
                             (the environment's own simulator as the planner's model)
 
@@ -128,6 +130,11 @@ ARMS: dict[str, tuple[str, list[str]]] = {
                                 "federation.round_timeout_s=3600"]),
     # the anchored rung with the pooled objective: the new study's C3 arm (its seed spread plans the study)
     "fed-pooled-anchor": ("fed", [SP, BN + "pooled", "gauge=anchor", "federation.round_timeout_s=3600"]),
+    # the anchored rung's parts, one at a time (issue 32: why the rung fails under the pooled objective):
+    # rung 3 (shared sketch + Procrustes backstop, no anchor), and the anchor without the backstop
+    "fed-pooled-backstop": ("fed", [SP, BN + "pooled", "gauge=backstop", "federation.round_timeout_s=3600"]),
+    "fed-pooled-anchor-only": ("fed", [SP, BN + "pooled", "gauge=anchor", "gauge.backstop=false",
+                                       "federation.round_timeout_s=3600"]),
     # the floors: the warm start's checkpoint played by another policy (its model unused)
     "random": ("floor", []),
     "oracle": ("floor", []),
