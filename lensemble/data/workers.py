@@ -1,6 +1,6 @@
 """Simulator worker processes for data collection: fresh interpreters, MKL pinned, order kept.
 
-Each worker is ``python -m lensemble.data.workers`` started with
+Each worker is a fresh interpreter running :func:`main`, started with
 :func:`lensemble.numerics.collection_environment` (MKL's ``COMPATIBLE`` code path, which MKL reads
 only at its first call in a process: a fork of a parent that has trained already would keep the
 parent's path, and the frames would depend on the CPU). Plain subprocesses rather than a
@@ -70,7 +70,9 @@ class WorkerPool:
 
     def __init__(self, workers: int):
         env = {**os.environ, **collection_environment()}
-        self.procs = [subprocess.Popen([sys.executable, "-m", "lensemble.data.workers"], stdin=subprocess.PIPE,
+        # -c, not -m: the package imports this module, and runpy warns when a module it runs is loaded
+        cmd = [sys.executable, "-c", "from lensemble.data.workers import main; main()"]
+        self.procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, env=env, bufsize=0) for _ in range(max(1, int(workers)))]
         self.mkl_modes: list[str] = []  # what each worker reported at start
         for p in self.procs:
@@ -161,6 +163,3 @@ def main() -> None:
     _worker_setup()
     serve(_run_task, sys.stdin.buffer, out)
 
-
-if __name__ == "__main__":
-    main()
