@@ -28,7 +28,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[2] / PACKAGE
 # Bottom to top. A unit is a folder under lensemble/ or a top-level module; "__init__" is
 # lensemble/__init__.py (the lazy public surface, which may name anything).
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "config", "observability"}),
+    frozenset({"errors", "config", "observability", "numerics"}),
     frozenset({"envs", "data", "model", "artifacts"}),
     frozenset({"training", "gauge"}),
     frozenset({"federation"}),
