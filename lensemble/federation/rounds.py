@@ -143,8 +143,10 @@ def _round_line(t: int, total: int, attempt: int, answers: Answers, metrics: dic
             f"{_human_bytes(float(wire))} on the wire, {seconds:.1f} s")
     if answers.secure_sum is not None:
         line += f", SecAgg+ sum of {answers.secure_sum.participants}"
-    if "gauge/drift_angle_deg" in metrics:
-        line += f", drift {metrics['gauge/drift_angle_deg']:.1f}°"
+    # drift in the measure that means something: the angle within the global's 95 %-energy subspace
+    # (the full-space geodesic angle counts directions the embeddings barely use; report tables)
+    if metrics.get("gauge/drift_subspace_angle_deg") is not None:
+        line += f", drift {metrics['gauge/drift_subspace_angle_deg']:.1f}° (95 %-energy subspace)"
     if "loss/pred" in metrics:
         line += f", pred loss {metrics['loss/pred']:.3f}"
     if answers.failures or refused:
