@@ -152,9 +152,12 @@ def success_sentence(label: str, counts: Mapping[str, tuple[int, int]], floors: 
     for reading in ("better", "worse"):
         for c in (c for c in comparisons if c.reading == reading):
             parts.append(f"{reading} than {c.b} ({points_text(c)})")
-    same = [c.b for c in comparisons if c.reading == "indistinguishable"]
+    # the interval is said here too: "not distinguishable" alone would hide how large a difference
+    # the tasks still allow (the reader's "why can it not tell?")
+    same = [c for c in comparisons if c.reading == "indistinguishable"]
     if same:
-        parts.append("not distinguishable from " + " or from ".join(same) + " at this n")
+        parts.append("not distinguishable from " + " or from ".join(f"{c.b} ({points_text(c)})" for c in same)
+                     + " at this n")
     head = f"{label[0].upper()}{label[1:]} planned {rate_text(k, n)} against {against}"
     return f"{head}: {', '.join(parts)}."
 

@@ -128,7 +128,7 @@ def test_success_sentence_pairs_only_names_with_outcomes():
     counts = {fed: (10, 40), rnd: (4, 40), warm: (4, 40)}
     text = success_sentence(fed, counts, [rnd, warm], {fed: first(10), rnd: first(4)})
     assert "better than random actions (" in text
-    assert text.endswith("not distinguishable from the warm start at this n.")
+    assert "not distinguishable from the warm start (" in text and text.endswith(") at this n.")
     assert success_sentence(fed, counts, [rnd, warm]) == success_sentence(fed, counts, [rnd, warm], {})
 
 
@@ -183,7 +183,7 @@ def test_a_run_report_without_episodes_falls_back_to_the_unpaired_interval():
     block = evaluation_block(cfg, ev)
     assert {r["interval"] for r in block["comparisons"].values()} == {"newcombe-hybrid-score"}
     assert block["comparisons"]["federated-vs-warmstart"]["reading"] == "indistinguishable"
-    assert "not distinguishable from the warm start at this n" in answer_lines(cfg, {"rounds": []}, ev)[0]
+    assert "not distinguishable from the warm start (" in answer_lines(cfg, {"rounds": []}, ev)[0]
     # one report without episodes: its comparisons are unpaired, each row says which
     mixed = dict(ev.reports, federated=report(first(10)), warmstart=report(first(4)))
     rows = comparison_rows(COMPARISONS, mixed, ARM_LABEL)

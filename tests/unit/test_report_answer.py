@@ -42,8 +42,8 @@ def test_every_count_pair_is_read_from_the_newcombe_interval(n):
 def test_the_briefs_example():
     text = success_sentence(FED, {FED: (6, 20), RND: (2, 20), WARM: (5, 20)}, [RND, WARM])
     assert text == ("The federated model planned 6/20 = 30 % [15, 52] against 2/20 for random actions and "
-                    "5/20 for the warm start: not distinguishable from random actions or from the warm start "
-                    "at this n.")
+                    "5/20 for the warm start: not distinguishable from random actions (+20 points [-5, +43]) or "
+                    "from the warm start (+5 points [-22, +31]) at this n.")
 
 
 def test_better_and_worse_are_said_only_when_the_interval_excludes_zero():
