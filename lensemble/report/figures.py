@@ -58,7 +58,9 @@ def success_panel(ax, rows: Sequence[tuple[str, int, int, tuple[float, float], s
     hi = [ci[1] - r for r, (_, _, _, ci, _) in zip(rates, rows, strict=True)]
     ax.bar(xs, rates, yerr=[lo, hi], capsize=5, color=[c for *_, c in rows])
     ax.set_xticks(xs)
-    ax.set_xticklabels([f"{label}\n{k}/{n}" for label, k, n, *_ in rows], fontsize=8)
+    # two-word names on two lines: six bars (with --baselines) do not fit their names on one
+    names = [label.replace(" ", "\n", 1) for label, *_ in rows]
+    ax.set_xticklabels([f"{name}\n{k}/{n}" for name, (_, k, n, *_) in zip(names, rows, strict=True)], fontsize=8)
     ax.set_ylim(0, 1)
     ax.set_ylabel("closed-loop success (95 % Wilson)", fontsize=8)
     ax.set_title(title, fontsize=9)
