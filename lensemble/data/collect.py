@@ -41,9 +41,9 @@ from lensemble.data.probe import frames_from_episodes, save_probe
 from lensemble.data.residency import mark_silo_folder
 from lensemble.data.shards import EpisodeBatch, load_shard, save_shard, stack_episodes
 from lensemble.data.workers import WorkerPool
-from lensemble.numerics import cpu_model
 from lensemble.envs.adapter import _import_swm, make_env, set_single_thread
 from lensemble.envs.policies import HeldRandomPolicy, MixedPolicy, make_expert
+from lensemble.numerics import cpu_model
 from lensemble.observability.progress import progress_bar, say
 
 #: Per-episode expert noise std is drawn uniformly from this range (action units, bounds ±1).
