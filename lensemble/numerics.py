@@ -71,15 +71,28 @@ def collection_environment() -> dict[str, str]:
     return {MKL_CBWR_VAR: MKL_CBWR_MODE}
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` on Linux, ``platform.processor()`` elsewhere)."""
+def cpu_flags(path: str | Path = "/proc/cpuinfo") -> tuple[set[str], str]:
+    """The first CPU's feature flags and model name from ``path`` (empty on systems without it)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        text = Path(path).read_text()
     except OSError:
-        pass
-    return platform.processor() or "unknown"
+        return set(), "unknown CPU"
+    flags: set[str] = set()
+    model = "unknown CPU"
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("flags", "features") and not flags:  # x86 says "flags", aarch64 "Features"
+            flags = set(value.split())
+        elif key in ("model name", "cpu model") and model == "unknown CPU":
+            model = value.strip()
+    return flags, model
+
+
+def cpu_model() -> str:
+    """The CPU's model name (:func:`cpu_flags`), or ``platform.processor()`` where there is no cpuinfo."""
+    model = cpu_flags()[1]
+    return model if model != "unknown CPU" else (platform.processor() or "unknown CPU")
 
 
 def numerics_record() -> dict[str, str]:
@@ -93,4 +106,4 @@ def numerics_record() -> dict[str, str]:
             "mkl_mode": mkl_mode()}
 
 
-__all__ = ["MKL_CBWR_MODE", "MKL_CBWR_VAR", "collection_environment", "cpu_model", "mkl_mode", "numerics_record"]
+__all__ = ["MKL_CBWR_MODE", "MKL_CBWR_VAR", "collection_environment", "cpu_flags", "cpu_model", "mkl_mode", "numerics_record"]

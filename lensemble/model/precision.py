@@ -29,6 +29,7 @@ from typing import get_args
 import torch
 
 from lensemble.config.schema import Precision
+from lensemble.numerics import cpu_flags  # re-exported: the one /proc/cpuinfo reader
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)  # the schema's Literal is the one list
 #: Environment variable: "1" runs a requested bf16 even where the device has no bf16 matrix units.
@@ -49,24 +50,6 @@ class Bf16Support:
 
     available: bool
     reason: str
-
-
-def cpu_flags(path: str | Path = "/proc/cpuinfo") -> tuple[set[str], str]:
-    """The first CPU's feature flags and model name from ``path`` (empty on systems without it)."""
-    try:
-        text = Path(path).read_text()
-    except OSError:
-        return set(), "unknown CPU"
-    flags: set[str] = set()
-    model = "unknown CPU"
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip().lower()
-        if key in ("flags", "features") and not flags:  # x86 says "flags", aarch64 "Features"
-            flags = set(value.split())
-        elif key in ("model name", "cpu model") and model == "unknown CPU":
-            model = value.strip()
-    return flags, model
 
 
 def _torch_cpu_probe(name: str) -> bool:
