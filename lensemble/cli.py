@@ -189,7 +189,8 @@ def run(engine: str = typer.Option("ray", help="ray (Flower simulation engine) |
 
 @app.command("evaluate")
 def evaluate_cmd(checkpoint: str = typer.Argument(..., help="checkpoint folder"),
-                 env: str = typer.Option("swm/TwoRoom-v1", help="environment id"),
+                 env: str = typer.Option("swm/TwoRoom-v1", help="environment id (swm/TwoRoom-v1, swm/PushT-v1, "
+                                         "swm/ReacherDMControl-v0)"),
                  episodes: int = typer.Option(None, help="episodes (default: eval.episodes)"),
                  split: str = typer.Option("heldout", help="heldout | factor (transfer values)"),
                  policy: str = typer.Option("mpc", help="mpc | random (control) | oracle (the true dynamics: TwoRoom, PushT)"),

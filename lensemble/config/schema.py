@@ -266,7 +266,7 @@ class TrainConfig(_Section):
 class EnvConfig(_Section):
     """Which stable-worldmodel environment generates the data."""
 
-    id: Literal["swm/TwoRoom-v1", "swm/PushT-v1"] = "swm/TwoRoom-v1"
+    id: Literal["swm/TwoRoom-v1", "swm/PushT-v1", "swm/ReacherDMControl-v0"] = "swm/TwoRoom-v1"
     max_episode_steps: int = Field(100, ge=2)
 
 

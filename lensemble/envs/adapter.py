@@ -18,9 +18,11 @@ Ground-truth state vectors (float32):
   Pixel units of the 224 px frame.
 - PushT (S=7): agent x, y; block x, y; block angle (rad, in [0, 2π)); agent velocity x, y.
   Units of the 512 px physics canvas.
+- Reacher (S=6): joint angles, joint velocities, fingertip x, y (:mod:`lensemble.envs.reacher`).
 
-Both envs take 2-d actions in [-1, 1]: a velocity direction for TwoRoom (scaled by the agent
-speed), a relative position target for PushT (scaled by 100 canvas px).
+All three take 2-d actions in [-1, 1]: a velocity direction for TwoRoom (scaled by the agent
+speed), a relative position target for PushT (scaled by 100 canvas px), the two joint torques
+for Reacher.
 
 Env processes should run torch single-threaded: TwoRoom renders with torch, and on a small shared
 machine intra-op threads make each frame an order of magnitude slower. ``single_thread=True``
@@ -39,6 +41,7 @@ import numpy as np
 from lensemble.envs.factors import (
     ADAPTER_FACTORS,
     PUSHT,
+    REACHER,
     REGION_FACTOR,
     TWOROOM,
     factor_catalog,
@@ -76,6 +79,13 @@ _INFO = {
         PUSHT, 2, 7, (-1.0, -1.0), (1.0, 1.0),
         ("agent_x", "agent_y", "block_x", "block_y", "block_angle", "agent_vx", "agent_vy"),
         20.0,
+    ),
+    # lensemble/envs/reacher.py: joint angles and velocities, then the fingertip; success is a
+    # pose within 0.05 rad per joint.
+    REACHER: EnvInfo(
+        REACHER, 2, 6, (-1.0, -1.0), (1.0, 1.0),
+        ("shoulder", "wrist", "shoulder_vel", "wrist_vel", "finger_x", "finger_y"),
+        0.05,
     ),
 }
 
@@ -392,9 +402,14 @@ class EnvAdapter:
 
 
 def make_env(env_id: str, img_size: int = 64, *, single_thread: bool = True) -> EnvAdapter:
-    """Create the adapter for ``env_id`` (``swm/TwoRoom-v1`` or ``swm/PushT-v1``).
+    """Create the adapter for ``env_id`` (``swm/TwoRoom-v1``, ``swm/PushT-v1`` or
+    ``swm/ReacherDMControl-v0``, the last in :mod:`lensemble.envs.reacher`).
 
     Raises ConfigError for any other id.
     """
     env_info(env_id)  # fail fast, before importing the simulator
+    if env_id == REACHER:
+        from lensemble.envs.reacher import ReacherAdapter  # imports this module: import it late
+
+        return ReacherAdapter(env_id, img_size, single_thread=single_thread)
     return EnvAdapter(env_id, img_size, single_thread=single_thread)

@@ -32,6 +32,7 @@ from lensemble.errors import ConfigError
 
 TWOROOM = "swm/TwoRoom-v1"
 PUSHT = "swm/PushT-v1"
+REACHER = "swm/ReacherDMControl-v0"
 
 #: The factor that defines silos when the config does not say otherwise. Agent colour changes
 #: only the appearance of the one object whose position the world model must track, so the silos
@@ -142,7 +143,34 @@ def _pusht_catalog() -> dict[str, FactorSpec]:
     return {s.key: s for s in specs}
 
 
-_CATALOGS = {TWOROOM: _tworoom_catalog(), PUSHT: _pusht_catalog()}
+def _unit_rgb(colours) -> list[list[float]]:
+    """uint8 RGB triples -> [0, 1] floats (MuJoCo's material colours), rounded for readable labels."""
+    return [[round(c / 255, 3) for c in rgb] for rgb in colours]
+
+
+def _reacher_catalog() -> dict[str, FactorSpec]:
+    # The DMControl spaces are float colours in [0, 1], not uint8 (stable-worldmodel 0.1.1,
+    # ReacherDMControlWrapper.variation_space). The target is not drawn (rendering.render_target
+    # = 0 by default): goals are arm poses shown by a goal image, so only the arm and the floor
+    # are on screen.
+    floor = [[[round(0.35 * c, 3) for c in rgb], [round(0.5 * c, 3) for c in rgb]]
+             for rgb in _unit_rgb(_hues(12, 0.6, 0.9))]  # two shades per hue: the checker's squares
+    specs = [
+        # Bright, saturated arm colours: visible against every (dark) floor below.
+        _spec("agent.color", _unit_rgb(_hues(24, 0.8, 1.0)), 6, "colour of the arm (appearance only)"),
+        _spec("floor.color", floor, 6, "colours of the floor's checker squares (appearance only)"),
+        # The upper link's density (kg/m³) scales its mass and inertia under the same torques, but
+        # weakly: 500 or 1500 against the default 1000 moves 25 random-action steps by < 0.02 rad
+        # (tests/unit/test_reacher.py), under the 0.05 rad success tolerance.
+        _spec("agent.arm_density", [[round(float(d))] for d in np.linspace(500, 1500, 12)], 6,
+              "density of the upper arm in kg/m³ (a weak dynamics shift)"),
+        _spec("light.intensity", [[round(float(v), 3)] for v in np.linspace(0.35, 1.0, 12)], 6,
+              "diffuse light intensity (appearance only)"),
+    ]
+    return {s.key: s for s in specs}
+
+
+_CATALOGS = {TWOROOM: _tworoom_catalog(), PUSHT: _pusht_catalog(), REACHER: _reacher_catalog()}
 
 
 def supported_envs() -> list[str]:

@@ -55,7 +55,7 @@ import torch
 
 from lensemble.config.seeds import derive, numpy_rng
 from lensemble.envs.adapter import env_info
-from lensemble.envs.factors import PUSHT, TWOROOM
+from lensemble.envs.factors import PUSHT, REACHER, TWOROOM
 from lensemble.errors import EvaluationError
 from lensemble.model.collapse import effective_dim, latent_std
 from lensemble.model.encoder import embed_frames
@@ -67,7 +67,8 @@ COMPOSITE_WEIGHTS: dict[int, float] = {1: 0.1, 10: 0.2, 20: 0.7}
 #: State dimensions the linear probe decodes: what the frames show and planning needs.
 #: TwoRoom: agent x, y (the target and doors are not moving parts of the observation).
 #: PushT: agent x, y and block x, y (the angle wraps at 2π, which a linear probe cannot fit).
-PROBE_DIMS: dict[str, tuple[int, ...]] = {TWOROOM: (0, 1), PUSHT: (0, 1, 2, 3)}
+#: Reacher: the fingertip x, y (the shoulder angle wraps at ±π).
+PROBE_DIMS: dict[str, tuple[int, ...]] = {TWOROOM: (0, 1), PUSHT: (0, 1, 2, 3), REACHER: (4, 5)}
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import pytest
 from lensemble.envs import env_info, factor_catalog, factor_spec, make_env
 from lensemble.errors import ConfigError
 
-ENVS = ["swm/TwoRoom-v1", "swm/PushT-v1"]
+ENVS = ["swm/TwoRoom-v1", "swm/PushT-v1", "swm/ReacherDMControl-v0"]
 
 
 @pytest.fixture(scope="module", params=ENVS)
@@ -58,7 +58,10 @@ def test_set_goal_state_moves_goal_image(env):
     before = env.goal_image().copy()
     s = env.state()
     goal = s.copy()
-    goal[:2] = s[:2] + np.float32(30.0) * np.sign(112.0 - s[:2])  # move toward the centre
+    if env.env_id == "swm/ReacherDMControl-v0":  # joint angles (rad): 1.5 at the shoulder, the wrist toward 0
+        goal[:2] = s[:2] + np.float32([1.5, -0.5 * np.sign(s[1])])
+    else:  # positions (px): toward the centre
+        goal[:2] = s[:2] + np.float32(30.0) * np.sign(112.0 - s[:2])
     env.set_goal_state(goal)
     np.testing.assert_allclose(env.goal_state()[:2], goal[:2], atol=1e-4)
     assert not np.array_equal(before, env.goal_image())
