@@ -193,7 +193,7 @@ def evaluate_cmd(checkpoint: str = typer.Argument(..., help="checkpoint folder")
                                          "swm/ReacherDMControl-v0)"),
                  episodes: int = typer.Option(None, help="episodes (default: eval.episodes)"),
                  split: str = typer.Option("heldout", help="heldout | factor (transfer values)"),
-                 policy: str = typer.Option("mpc", help="mpc | random (control) | oracle (the true dynamics: TwoRoom, PushT)"),
+                 policy: str = typer.Option("mpc", help="mpc | random (control) | oracle (the true dynamics: TwoRoom, PushT, Reacher)"),
                  ladder: bool = typer.Option(True, help="also run the evaluation ladder"),
                  allow_other_env: bool = typer.Option(False, help="evaluate on an environment other than "
                                                       "the one the checkpoint was trained on"),

@@ -56,7 +56,7 @@ from lensemble.data.partition import partition_silos
 from lensemble.data.shards import EpisodeBatch, load_shard
 from lensemble.data.store import ensure_data
 from lensemble.envs.adapter import env_info, make_env
-from lensemble.envs.factors import PUSHT, TWOROOM, factor_spec, supported_envs
+from lensemble.envs.factors import factor_spec, supported_envs
 from lensemble.errors import ConfigError, EvaluationError
 from lensemble.eval.controls import RandomActionPolicy
 from lensemble.eval.costs import planning_cost
@@ -71,15 +71,14 @@ from lensemble.eval.goals import (  # noqa: F401  (EpisodeSpec, pose_goal: re-ex
 )
 from lensemble.eval.ladder import LadderSettings, run_ladder
 from lensemble.eval.mpc import CostFn, Planner, WorldModelOnDevice, module_device
-from lensemble.eval.pusht_sim import PushTDynamics, pusht_embedding
+from lensemble.eval.oracle_sim import ORACLE_ENVS, oracle_model
 from lensemble.eval.reports import EpisodeRecord, EvalReport
-from lensemble.eval.routes import RouteTracker, TwoRoomDynamics
+from lensemble.eval.routes import RouteTracker
 from lensemble.model.world_model import world_model_from_state
 from lensemble.observability.progress import progress_bar
 
 SPLITS = ("heldout", "factor")
 POLICIES = ("mpc", "random", "oracle")
-ORACLE_ENVS = (TWOROOM, PUSHT)  # the envs whose true dynamics the oracle can roll out
 
 #: ``plan_fn(z_hist (B, T0, d), past_actions (B, T0-1, A·b) | None, z_goal (B, d), init | None,
 #: *, streams=[episode index per row]) -> (actions (B, H, A·b), next_init | None)``. ``init`` is
@@ -433,13 +432,9 @@ def _mpc_chunk(model, envs, specs, starts, goals, eval_cfg: EvalConfig, plan_fn:
 
 
 def _oracle_chunk(envs, specs, eval_cfg: EvalConfig, planner: Planner, block: int) -> ClosedLoopResult:
-    """:func:`_mpc_chunk` with the true dynamics in place of the world model.
-
-    TwoRoom: the state is the agent position (read from the env), the goal the goal position,
-    rollouts are :class:`~lensemble.eval.routes.TwoRoomDynamics` (the env's own step, batched).
-    PushT: the state is :func:`~lensemble.eval.pusht_sim.pusht_embedding` of the env state and of
-    the goal state, rollouts are :class:`~lensemble.eval.pusht_sim.PushTDynamics` (the env's pymunk
-    physics on a restored shadow space per sample).
+    """:func:`_mpc_chunk` with the true dynamics in place of the world model: the state, the goal
+    and the rollouts are :func:`lensemble.eval.oracle_sim.oracle_model`'s (TwoRoom's batched step,
+    PushT's pymunk physics on shadow spaces, Reacher's MuJoCo rollouts).
     """
     b = len(envs)
     low = np.asarray(envs[0].info.action_low, np.float32)
@@ -447,14 +442,7 @@ def _oracle_chunk(envs, specs, eval_cfg: EvalConfig, planner: Planner, block: in
     a_dim = envs[0].info.action_dim
     d0 = [env.distance_to_goal() for env in envs]
     routes = [RouteTracker(env) for env in envs]
-    pusht = envs[0].env_id == PUSHT
-    dynamics = PushTDynamics.from_envs(envs) if pusht else TwoRoomDynamics.from_envs(envs)
-
-    def oracle_state(env) -> np.ndarray:  # what the planner's L1 energy scores, per env
-        return pusht_embedding(env.state()).numpy() if pusht else env.agent_position()
-
-    goal = (pusht_embedding(np.stack([env.goal_state() for env in envs])) if pusht
-            else torch.from_numpy(np.stack([env.goal_state()[:2] for env in envs]).astype(np.float32)))
+    dynamics, oracle_state, goal = oracle_model(envs)
     t_start = time.perf_counter()
     active = np.ones(b, dtype=bool)
     success = np.zeros(b, dtype=bool)

@@ -61,3 +61,16 @@ def test_evaluate_scores_the_pose_rule_under_both_protocols(setup, source):
         if policy == "mpc" and source == "expert":  # the ladder runs on Reacher's states (probe: fingertip)
             assert report.one_step_error is not None and report.probe_r2 is not None
             assert report.effective_dim is not None
+
+
+def test_oracle_plans_reacher_on_mujoco_and_beats_random(setup, tmp_path):
+    """Reacher's oracle (the same CEM on the env's own MuJoCo model, lensemble.eval.reacher_sim)
+    reaches poses 10 expert steps away with a small planner; random actions do not, on the same tasks."""
+    _, root, _, _ = setup
+    cfg = load_config(["experiment=micro", "env=reacher", f"data.root={root / 'data'}", "eval.num_samples=128",
+                       "eval.iterations=10", "eval.topk=16", "eval.budget=25", "eval.goal_offset=10"])
+    runs = {p: evaluate(root / "ckpt", REACHER, cfg=cfg, episodes=4, progress=False, policy=p, ladder=False)
+            for p in ("oracle", "random")}
+    oracle, random = runs["oracle"], runs["random"]
+    assert oracle.planner == "oracle-cem" and oracle.n_successes >= 3 > random.n_successes
+    assert [e.start_distance for e in oracle.episodes] == [e.start_distance for e in random.episodes]
