@@ -24,7 +24,8 @@ def _example(name: str):
 
 @pytest.mark.parametrize("script", ["planning_pilot.py", "central_quality.py", "partition_pilot.py", "bn_federation_pilot.py",
                                     "seed_spread.py", "bn_source_diagnostic.py", "remeasure_drift.py",
-                                    "outer_step_diagnostic.py", "pooled_objective_pilot.py", "pooled_study_power.py"])
+                                    "outer_step_diagnostic.py", "pooled_objective_pilot.py", "pooled_study_power.py",
+                                    "study_seed_table.py"])
 def test_example_imports_and_shows_its_help(script):
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--help"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
@@ -190,3 +191,26 @@ def test_pooled_study_power_reads_a_pilot_and_prints_the_planning_numbers(tmp_pa
     assert res["seeds"] == [0, 1, 2] and set(res["pairs"]) == {"naive-central", "naive-naive_silo", "anchor-naive"}
     assert 0.2 < res["rho_model"]["local"] < 0.6 and res["rho_power"]["rho=0"]["true_rho"] == 0.0
     assert "C3 at 8 seeds" in capsys.readouterr().out
+
+
+def test_study_seed_table_reads_ladder_summaries_only(tmp_path):
+    import json
+
+    table = _example("study_seed_table").table
+    runs = tmp_path / "s" / "runs"
+    runs.mkdir(parents=True)
+
+    def summary(name, arm, seed, wins, cells=("ladder/default",), silo=None):
+        (runs / f"{name}.json").write_text(json.dumps({"arm": arm, "seed": seed, "silo": silo, "cells": list(cells),
+                                                       "eval": {"n_successes": wins, "n_episodes": 50}}))
+
+    summary("naive-s0", "naive", 0, 26)
+    summary("naive-s1", "naive", 1, 36)
+    summary("local-silo1-s0", "local", 0, 19, silo=1)
+    summary("severity-0.5-naive-s0", "naive", 0, 7, cells=("severity/0.5",))  # another cell: not in the ladder
+    (runs / "anchor-s0.failed.json").write_text("{}")
+    text = table(tmp_path, "s", "ladder/default")
+    lines = text.splitlines()
+    assert lines[0] == "| arm (successes of 50) | s0 | s1 |"
+    assert "| local, silo 1 (200 steps) | 19 | – |" in lines
+    assert "| **naive FedAvg, pooled objective** | 26 | 36 |" in lines and "7" not in text.split("s1 |")[1]
