@@ -4,7 +4,7 @@ For each variant and training seed it trains one centralized (pooled) model for 
 optimizer steps, then scores every arm on the SAME ``--episodes`` held-out tasks (root seed 0's
 data and eval seed, so one goal-spec hash for every arm, whatever seed trained it), beside the
 floors on those tasks: random actions, an untrained model with the same planner (variant a's
-architecture, init seed 123; with ``--untrained-like V`` also one of variant V's) and, with ``--oracle`` on TwoRoom, the same planner on the true
+architecture, init seed 123; with ``--untrained-like V`` also one of variant V's) and, with ``--oracle`` (TwoRoom, PushT, Reacher), the same planner on the true
 dynamics. Every arm is scored by :func:`lensemble.eval.evaluate`. Reported per arm: successes with
 a Wilson interval, route-valid successes (TwoRoom: every step entered the wall only through a
 door), success on tasks whose goal lies across the wall, the ladder's one-step / copy error on
@@ -555,7 +555,7 @@ def main() -> None:
         like_dir = untrained_checkpoint(out / f"untrained-{like}", like, args.overrides)
         floors.append(f"untrained model ({like}), CEM")
         runs[floors[-1]] = (like_dir, "mpc", f"untrained-{like}-model-CEM", cfg)
-    if args.oracle:  # TwoRoom's batched closed-form step, PushT's pymunk shadows (lensemble.eval.pusht_sim)
+    if args.oracle:  # the env's own dynamics (lensemble.eval.oracle_sim)
         runs["oracle (true dynamics), CEM"] = (untrained_dir, "oracle", "oracle-(true-dynamics)-CEM", cfg)
     cost_cfgs = {c: load_config([f"run_dir={out}", *args.overrides, *protocol, *COSTS[c]]) for c in costs}
     trained: dict[str, dict] = {}
