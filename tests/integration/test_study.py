@@ -228,6 +228,20 @@ def test_study_files_never_land_in_a_silo_folder(tiny, tmp_path):
 
 
 # ------------------------------------------------------------------- planning only (no runs)
+def test_a_partition_by_embodiment_on_another_env_registers():
+    """Issue 35: a study whose silos own Reacher's upper-arm densities plans runs on Reacher, each
+    run's config split by that factor (the env group's own colour split overridden)."""
+    from lensemble.config import load_config
+
+    spec = load_study_spec("reacher")
+    plan = plan_study(spec)
+    assert set(plan.groups["ladder"]["default"]["arms"]) == {"warmstart_only", "central", "twin", "local",
+                                                             "naive", "anchor"}
+    for run in plan.runs.values():
+        cfg = load_config(list(run.overrides))
+        assert cfg.env.id == "swm/ReacherDMControl-v0" and cfg.data.partition_factor == "agent.arm_density"
+
+
 def test_cpu_preset_plan_shares_runs_across_cells():
     spec = load_study_spec("cpu")
     plan = plan_study(spec)
