@@ -7,7 +7,7 @@ actions are the two joint torques scaled to [-1, 1]. The package's own goal-reac
 poses goals the same way as for the other envs (the state an expert or a behaviour episode
 reached ``goal_offset`` steps later, shown as a goal image of the arm in that pose), so a goal is
 a pose and success is that rule, with one correction: the shoulder is an unlimited hinge, so its
-difference is wrapped to (−π, π] (a full turn is the same pose on screen; the package compares
+difference is wrapped to [−π, π) (a full turn is the same pose on screen; the package compares
 raw angles).
 
 State (S=6, float32): shoulder angle, wrist angle (rad); their velocities (rad/s); the fingertip's
