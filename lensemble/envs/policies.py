@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from lensemble.envs.adapter import PUSHT, REACHER, TWOROOM, EnvAdapter
-from lensemble.envs.reacher import pose_error, wrap_angle
+from lensemble.envs.reacher import pose_difference, pose_error
 
 
 class HeldRandomPolicy:
@@ -140,8 +140,7 @@ class ReacherExpert:
         if self._pose is None or self._left <= 0 or np.all(pose_error(q, self._pose) < self.REACHED):
             self._draw()
         self._left -= 1
-        dq = np.array([wrap_angle(self._pose[0] - q[0]), self._pose[1] - q[1]])
-        action = self.K_P * dq - self.K_D * qd
+        action = self.K_P * pose_difference(self._pose, q) - self.K_D * qd  # Δq toward the pose
         if self.noise > 0:
             action = action + self.rng.normal(0.0, self.noise, size=2)
         return np.clip(action, -1.0, 1.0).astype(np.float32)

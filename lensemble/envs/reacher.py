@@ -42,13 +42,18 @@ def wrap_angle(x):
     return (np.asarray(x, dtype=np.float64) + np.pi) % (2 * np.pi) - np.pi
 
 
-def pose_error(q, q_goal) -> np.ndarray:
-    """|Δ| per joint (rad), shoulder wrapped (unlimited hinge), wrist not (limited to ±160°).
+def pose_difference(q, q_goal) -> np.ndarray:
+    """q − q_goal per joint (rad), shoulder wrapped (unlimited hinge), wrist not (limited to ±160°).
 
     ``q``, ``q_goal``: (..., 2) joint angles; returns (..., 2) float64.
     """
     d = np.asarray(q, dtype=np.float64) - np.asarray(q_goal, dtype=np.float64)
-    return np.abs(np.stack([wrap_angle(d[..., 0]), d[..., 1]], axis=-1))
+    return np.stack([wrap_angle(d[..., 0]), d[..., 1]], axis=-1)
+
+
+def pose_error(q, q_goal) -> np.ndarray:
+    """|:func:`pose_difference`| per joint (rad), (..., 2) float64."""
+    return np.abs(pose_difference(q, q_goal))
 
 
 def select_headless_gl() -> None:
@@ -102,7 +107,7 @@ class ReacherAdapter(EnvAdapter):
 
     def reached(self) -> bool:
         """Whether every joint is within :data:`QPOS_TOLERANCE` of the goal pose."""
-        return bool(np.all(pose_error(self.physics.data.qpos[:2], self._goal[:2]) < QPOS_TOLERANCE))
+        return self.distance_to_goal() < QPOS_TOLERANCE
 
     def state(self) -> np.ndarray:
         d = self.physics.data
@@ -148,10 +153,6 @@ class ReacherAdapter(EnvAdapter):
         """The larger joint error to the goal pose (rad); success below :data:`QPOS_TOLERANCE`."""
         return float(pose_error(self.physics.data.qpos[:2], self._goal[:2]).max())
 
-    def sample_free_position(self, rng, tries: int = 100):
-        raise ConfigError("sample_free_position is TwoRoom's (agent positions in a walled arena)",
-                          remediation="Reacher's expert draws joint-space waypoints (lensemble.envs.policies)")
 
-
-__all__ = ["EGL_PACKAGES", "QPOS_TOLERANCE", "ReacherAdapter", "pose_error",
+__all__ = ["EGL_PACKAGES", "QPOS_TOLERANCE", "ReacherAdapter", "pose_difference", "pose_error",
            "select_headless_gl", "wrap_angle"]

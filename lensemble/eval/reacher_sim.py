@@ -18,7 +18,7 @@ enters as it is. Success is every joint within 0.05 rad of the goal pose
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -52,6 +52,9 @@ class ReacherDynamics:
     envs: list
     rows: list[int]
     starts: np.ndarray  # (N, nstate) float64: mjSTATE_FULLPHYSICS of each row's env at take()
+    # episode index -> its MjData scratch for mujoco.rollout, made once and shared by take() and
+    # repeat() copies (a chunk's envs are not reset, so their models stay the same)
+    scratch: dict = field(default_factory=dict)
 
     @classmethod
     def from_envs(cls, envs) -> ReacherDynamics:
@@ -69,12 +72,12 @@ class ReacherDynamics:
             s = np.empty(mj.mj_stateSize(physics.model.ptr, spec))
             mj.mj_getState(physics.model.ptr, physics.data.ptr, s, spec)
             starts.append(s)
-        return ReacherDynamics(self.envs, rows, np.stack(starts) if starts else np.zeros((0, 0)))
+        return ReacherDynamics(self.envs, rows, np.stack(starts) if starts else np.zeros((0, 0)), self.scratch)
 
     def repeat(self, times: int) -> ReacherDynamics:
         """Each row repeated ``times`` times in a row (the planner's B·S layout)."""
         return ReacherDynamics(self.envs, [r for r in self.rows for _ in range(times)],
-                               np.repeat(self.starts, times, axis=0))
+                               np.repeat(self.starts, times, axis=0), self.scratch)
 
     def rollout(self, z0: torch.Tensor, actions: torch.Tensor, block: int) -> torch.Tensor:
         """Embedded states after each latent step: actions (N, H, block·2) -> (N, H, 3) float32.
@@ -95,9 +98,10 @@ class ReacherDynamics:
         out = np.empty((n, h, 2))
         for e in dict.fromkeys(self.rows):  # one model per episode (factors can change its masses)
             idx = np.flatnonzero(np.asarray(self.rows) == e)
-            physics = self.envs[e].physics
-            states, _ = mj.rollout.rollout(physics.model.ptr, mj.MjData(physics.model.ptr),
-                                           self.starts[idx], ctrl[idx])
+            model = self.envs[e].physics.model.ptr
+            if e not in self.scratch:
+                self.scratch[e] = mj.MjData(model)
+            states, _ = mj.rollout.rollout(model, self.scratch[e], self.starts[idx], ctrl[idx])
             ends = states[:, block * ACTION_REPEAT - 1::block * ACTION_REPEAT]  # after each latent step
             out[idx] = ends[:, :h, 1:3]
         return reacher_embedding(out)
