@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import get_args
 
 import torch
+import torch.nn.functional as F
 
 from lensemble.config.schema import Precision
 from lensemble.numerics import cpu_flags  # re-exported: the one /proc/cpuinfo reader
@@ -134,6 +135,24 @@ def full_precision(like: torch.Tensor) -> AbstractContextManager:
     return torch.autocast(like.device.type, enabled=False)
 
 
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, **kwargs)``, except that bf16 inputs on the CPU run it
+    in fp32 and return bf16: q (B, heads, Tq, hd), k and v (B, heads, Tk, hd) -> (B, heads, Tq, hd).
+
+    The reason is speed, measured (``benchmarks/bench_precision.py``, AMX Xeon, torch 2.14, one
+    thread): torch's CPU flash-attention kernel is slower in bf16 than in fp32 at this project's
+    sequence lengths (17 encoder tokens, 3-6 predictor latents), its backward 12x slower (a CPU-preset
+    training step 491 ms in bf16 against 347 ms in fp32; 231 ms with attention in fp32), and the
+    planning call 607 -> 536 ms. The math backend in bf16 (``sdpa_kernel(MATH)``) was slower still
+    (329 ms). The products around attention (qkv and output projections, the MLP) stay bf16. fp32
+    inputs call SDPA unchanged, so fp32 runs are bitwise what they were; CUDA keeps its bf16 kernels.
+    """
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+        with full_precision(q):
+            return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **kwargs).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
 class emulate_bf16_matmuls:
     """``with torch.autocast("cpu", dtype=torch.bfloat16), emulate_bf16_matmuls():`` bf16 numerics at
     fp32 speed on a CPU without bf16 matrix units, for numerics studies only (examples/bf16_planner_success.py).
@@ -171,5 +190,5 @@ class emulate_bf16_matmuls:
         return self._mode.__exit__(*exc)
 
 
-__all__ = ["emulate_bf16_matmuls", "CPU_BF16_FLAGS", "FORCE_ENV", "PRECISIONS", "Bf16Support", "PrecisionFallback", "autocast",
+__all__ = ["attention", "emulate_bf16_matmuls", "CPU_BF16_FLAGS", "FORCE_ENV", "PRECISIONS", "Bf16Support", "PrecisionFallback", "autocast",
            "bf16_support", "cpu_bf16_support", "cpu_flags", "full_precision", "resolve_precision"]

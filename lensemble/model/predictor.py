@@ -31,11 +31,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lensemble.config.schema import ModelConfig
 from lensemble.model.inverse_dynamics import InverseDynamicsHead
+from lensemble.model.precision import attention  # [precision] SDPA, in fp32 for bf16 inputs on a CPU
 
 _ROPE_BASE = 10000.0
 
@@ -96,8 +96,8 @@ class _Block(nn.Module):
         if last_only:
             # The last query may see every key, so no mask is needed; skipping the other queries
             # (and their MLP) is the saving that matters in the planner's rollout.
-            return self.finish(x, F.scaled_dot_product_attention(q[:, :, -1:], k, v))
-        return self.finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+            return self.finish(x, attention(q[:, :, -1:], k, v))
+        return self.finish(x, attention(q, k, v, is_causal=True))
 
 
 @dataclass
@@ -205,7 +205,7 @@ class Predictor(nn.Module):
         for blk in self.blocks:
             q, k, v = blk.heads_of(x)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-            x = blk.finish(x, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+            x = blk.finish(x, attention(q, k, v, attn_mask=mask))
             keys.append(k)
             values.append(v)
         return x, keys, values
@@ -340,7 +340,7 @@ class Predictor(nn.Module):
                     if keys[i] is not None:
                         k, v = torch.cat([keys[i], k], dim=2), torch.cat([values[i], v], dim=2)
                     # Every cached key is inside the band of the newest query: no mask.
-                    x = blk.finish(x, F.scaled_dot_product_attention(q, k, v))
+                    x = blk.finish(x, attention(q, k, v))
                     if h + 1 < horizon:
                         keys[i], values[i] = k[:, :, k.shape[2] - keep :], v[:, :, v.shape[2] - keep :]
                 z_cur = z_cur + self.out_proj(self.norm(x))[:, 0]

@@ -214,6 +214,59 @@ def test_bf16_forward_passes_are_close_to_fp32():
         assert 0 < rel < 2e-2, rel  # bf16's 8-bit mantissa: ~4e-3 per rounding
 
 
+def test_attention_leaves_fp32_alone_and_runs_cpu_bf16_in_fp32():
+    q, k, v = (_bf16_exact(2, 4, 5, 8, seed=s).requires_grad_() for s in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.equal(prec.attention(q, k, v, is_causal=True), ref)  # fp32: the same call
+    qb, kb, vb = (t.detach().bfloat16().requires_grad_() for t in (q, k, v))
+    with autocast("bf16"):
+        out = prec.attention(qb, kb, vb, is_causal=True)
+    assert out.dtype == torch.bfloat16
+    # exactly fp32 attention on the (exact) bf16 inputs, rounded once: not torch's bf16 kernel
+    assert torch.equal(out, ref.detach().bfloat16())
+    out.float().sum().backward()
+    assert qb.grad.dtype == torch.bfloat16 and bool(qb.grad.abs().sum() > 0)
+
+
+def test_the_vit_attention_is_timm_attention_bitwise_in_fp32():
+    from timm.layers.attention import Attention
+
+    from lensemble.model.vit_layers import ViTAttention
+    torch.manual_seed(0)
+    ours = ViTAttention(32, num_heads=4)
+    torch.manual_seed(0)
+    timm_attn = Attention(32, num_heads=4)
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), timm_attn.state_dict().values(), strict=True))
+    x = torch.randn(3, 17, 32, requires_grad=True)
+    y_ours, y_timm = ours(x), timm_attn(x)
+    assert torch.equal(y_ours, y_timm)
+    g_ours = torch.autograd.grad(y_ours.square().sum(), [x, *ours.parameters()])
+    g_timm = torch.autograd.grad(y_timm.square().sum(), [x, *timm_attn.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(g_ours, g_timm, strict=True))
+    with autocast("bf16"):
+        y16 = ours(x)
+    rel = float((y16.float() - y_timm).detach().norm() / y_timm.detach().norm())
+    assert y16.dtype == torch.bfloat16 and 0 < rel < 2e-2, rel
+
+
+def test_the_patch_conv_trains_in_fp32_and_plans_in_bf16_under_autocast():
+    from lensemble.model.vit_layers import PatchConv
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 8, 4, stride=4)
+    ours = PatchConv.like(conv)
+    assert ours.weight is conv.weight and ours.bias is conv.bias  # the same parameters
+    x = torch.randn(2, 3, 16, 16)
+    assert torch.equal(ours(x), conv(x))  # fp32: the plain convolution
+    with autocast("bf16"):
+        trained = ours(x)  # gradients recorded: fp32
+        with torch.no_grad():
+            planned = ours(x)  # inference: as autocast leaves it (bf16)
+    assert trained.dtype == torch.float32 and torch.equal(trained, conv(x))
+    assert planned.dtype == torch.bfloat16
+    trained.sum().backward()
+    assert conv.weight.grad.dtype == torch.float32
+
+
 def test_the_evaluation_context_plans_in_bf16_inside_and_fp32_after(with_bf16):
     model = build_world_model(tiny_cfg(), init_seed=0).eval()
     on = WorldModelOnDevice(model, "cpu", "bf16")
