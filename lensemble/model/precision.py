@@ -1,4 +1,4 @@
-"""Numeric precision of training and planning: ``fp32`` or ``bf16`` (``train.precision``, ``eval.precision``).
+"""Numeric precision of training and planning: ``fp32``, ``bf16`` or ``auto`` (``train.precision``, ``eval.precision``).
 
 ``bf16`` is :func:`torch.autocast` with ``dtype=torch.bfloat16`` around the model's forward passes:
 matrix products (linear layers, attention, convolutions) take bf16 inputs and accumulate in fp32 on
@@ -13,7 +13,9 @@ in a scalar fallback: measured on an AVX2-only AMD EPYC (torch 2.14, one thread)
 matmul ran at 36 GFLOP/s in fp32 and 0.9 in bf16 (40x slower), a planner rollout 7x slower. So a
 requested ``bf16`` is checked against the machine (:func:`bf16_support`): without bf16 matrix units
 it falls back to fp32 with a :class:`PrecisionFallback` warning that names the cause, unless
-``LENSEMBLE_FORCE_BF16=1`` asks for bf16 numerics anyway (numerics studies; slow).
+``LENSEMBLE_FORCE_BF16=1`` asks for bf16 numerics anyway (numerics studies; slow). ``auto`` asks
+for whichever is fast on the device: bf16 with bf16 matrix units, fp32 without them, no warning
+(what ran is recorded: ``EvalReport.precision``).
 """
 
 from __future__ import annotations
@@ -97,8 +99,9 @@ def bf16_support(device: str | torch.device = "cpu") -> Bf16Support:
 
 
 def resolve_precision(requested: str, device: str | torch.device = "cpu", *, field: str = "precision") -> str:
-    """The precision to run: ``requested`` if the device supports it, else "fp32" with a
-    :class:`PrecisionFallback` warning naming ``field`` (e.g. "train.precision") and the cause.
+    """The precision to run, "fp32" or "bf16": ``requested`` if the device supports it, else "fp32"
+    with a :class:`PrecisionFallback` warning naming ``field`` (e.g. "train.precision") and the
+    cause. "auto" is "bf16" where the device has bf16 matrix units and "fp32" elsewhere, silently.
 
     ``LENSEMBLE_FORCE_BF16=1`` keeps bf16 on a device without bf16 units (warned too: it is slow).
     """
@@ -109,6 +112,8 @@ def resolve_precision(requested: str, device: str | torch.device = "cpu", *, fie
     support = bf16_support(device)
     if support.available:
         return "bf16"
+    if requested == "auto":  # asked for whatever is fast here: fp32 is the answer, not a fallback
+        return "fp32"
     if os.environ.get(FORCE_ENV) == "1":
         warnings.warn(f"{field}=bf16 forced by {FORCE_ENV}=1 although {support.reason}: bf16 numerics, "
                       "expect it several times slower than fp32", PrecisionFallback, stacklevel=2)
@@ -125,7 +130,7 @@ def autocast(precision: str, device: str | torch.device = "cpu") -> AbstractCont
     if precision == "fp32":
         return nullcontext()
     if precision != "bf16":
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        raise ValueError(f"autocast takes a resolved precision (fp32 or bf16; resolve_precision), got {precision!r}")
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 

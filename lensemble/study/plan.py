@@ -272,6 +272,19 @@ def _budget(cfg, rule: str) -> dict:
             "batch_size": cfg.train.batch_size}
 
 
+#: [precision] what a study's runs train and plan in unless its spec says otherwise: fp32, not the
+#: shipped ``auto`` (bf16 where the CPU has bf16 matrix units), so a study resumed on another
+#: machine runs the same numerics as its committed runs. fp32 is left out of the config dump, so
+#: pinning it moves no hash of a study registered before ``auto`` existed.
+STUDY_PRECISION = ("train.precision=fp32", "eval.precision=fp32")
+
+
+def pinned_precision(overrides: Sequence[str]) -> list[str]:
+    """``overrides`` with :data:`STUDY_PRECISION` in front for each precision key they leave unset."""
+    own = {_key(o) for o in overrides}
+    return [*(o for o in STUDY_PRECISION if _key(o) not in own), *overrides]
+
+
 def plan_study(spec: StudySpec) -> StudyPlan:
     """Turn a study spec into runs. Runs with the same identity (kind, data source, composed
     config, evaluation settings) are planned once and shared by every cell that needs them: a
@@ -280,7 +293,7 @@ def plan_study(spec: StudySpec) -> StudyPlan:
     runs: dict[str, PlannedRun] = {}
     by_hash: dict[str, str] = {}
     groups: dict[str, dict[str, dict]] = {}
-    base = list(spec.overrides)
+    base = pinned_precision(spec.overrides)
 
     composed: dict[tuple[str, ...], object] = {}
 

@@ -25,7 +25,7 @@ def _example(name: str):
 @pytest.mark.parametrize("script", ["planning_pilot.py", "central_quality.py", "partition_pilot.py", "bn_federation_pilot.py",
                                     "seed_spread.py", "bn_source_diagnostic.py", "remeasure_drift.py",
                                     "outer_step_diagnostic.py", "pooled_objective_pilot.py", "pooled_study_power.py",
-                                    "study_seed_table.py"])
+                                    "study_seed_table.py", "reacher_pose_resolution.py", "bf16_training_success.py"])
 def test_example_imports_and_shows_its_help(script):
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--help"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
@@ -214,3 +214,23 @@ def test_study_seed_table_reads_ladder_summaries_only(tmp_path):
     assert lines[0] == "| arm (successes of 50) | s0 | s1 |"
     assert "| local, silo 1 (200 steps) | 19 | – |" in lines
     assert "| **naive FedAvg, pooled objective** | 26 | 36 |" in lines and "7" not in text.split("s1 |")[1]
+
+
+def test_pose_resolution_recovers_a_known_encoder_and_places_an_error_on_its_curve():
+    import torch
+
+    mod = _example("reacher_pose_resolution")
+    # a known encoder: the latent is k·pose (2 of 4 dims), so the latent MSE of poses δ apart
+    # (max-joint) lies between k²δ²/4 (one joint moved) and k²δ²/2 (both by δ)
+    k = 3.0
+    draw = lambda pose: np.asarray(pose, float)  # noqa: E731 - the "frame" is the pose itself
+    encode = lambda f: torch.cat([k * torch.as_tensor(f), torch.zeros(len(f), 2, dtype=torch.float64)], 1)  # noqa: E731
+    goals = np.random.default_rng(1).uniform(-1, 1, (40, 2))
+    deltas = [0.05, 0.1, 0.2, 0.4]
+    mse = mod.pose_resolution(encode, draw, goals, deltas, np.random.default_rng(0))
+    d2 = np.asarray(deltas) ** 2
+    assert np.all(mse >= k * k * d2 / 4 - 1e-12) and np.all(mse <= k * k * d2 / 2 + 1e-12)
+    med = np.median(mse, axis=0)
+    # an error equal to the curve at 0.1 rad reads as 0.1 rad; outside the probed range, None
+    assert mod.pose_equivalent(med[1], deltas, med) == pytest.approx(0.1)
+    assert mod.pose_equivalent(10 * med[-1], deltas, med) is None

@@ -95,6 +95,25 @@ def test_a_bf16_request_without_units_falls_back_to_fp32_and_says_why(without_bf
         assert resolve_precision("bf16", "cpu", field="eval.precision") == "bf16"
 
 
+def test_auto_is_bf16_with_units_and_fp32_without_them_silently(monkeypatch, recwarn):
+    monkeypatch.setattr(prec, "bf16_support", lambda device="cpu": HAS)
+    assert resolve_precision("auto", field="eval.precision") == "bf16"
+    monkeypatch.setattr(prec, "bf16_support", lambda device="cpu": HAS_NOT)
+    monkeypatch.setenv(prec.FORCE_ENV, "1")  # forcing is for an explicit bf16 request, not auto
+    assert resolve_precision("auto", field="eval.precision") == "fp32"
+    assert not [w for w in recwarn if issubclass(w.category, PrecisionFallback)]
+
+
+def test_a_study_runs_fp32_unless_its_spec_chooses(monkeypatch):
+    from lensemble.study.plan import STUDY_PRECISION, pinned_precision
+    assert pinned_precision(["data.num_silos=2"]) == [*STUDY_PRECISION, "data.num_silos=2"]
+    assert pinned_precision(["eval.precision=bf16"]) == ["train.precision=fp32", "eval.precision=bf16"]
+    # the pin moves no hash: fp32 is the value every earlier hash was taken at
+    base = LensembleConfig(eval={"precision": "auto"})
+    assert "precision" in base.model_dump()["eval"]
+    assert LensembleConfig(eval={"precision": "fp32"}).config_hash() == LensembleConfig().config_hash()
+
+
 def test_fp32_and_supported_bf16_resolve_silently(with_bf16, recwarn):
     assert resolve_precision("fp32") == "fp32" and resolve_precision("bf16") == "bf16"
     assert not [w for w in recwarn if issubclass(w.category, PrecisionFallback)]
