@@ -13,6 +13,10 @@ iterations, top-k, horizon, receding horizon, batch of parallel episodes, thread
   last output.
 * ``lensemble+mean`` (opt-in) — the same planner executing its final elite mean instead of the
   best candidate it evaluated (what swm's solver returns).
+* ``lensemble+bf16`` (opt-in) — ``lensemble`` with the same planner noise under ``eval.precision=bf16``
+  (:class:`~lensemble.eval.mpc.WorldModelOnDevice`: bf16 autocast, the cost in fp32; fp32 with a
+  warning where the CPU has no bf16 matrix units): the issue-34 planner against today's fp32 one
+  and against swm's loop (which runs fp32, as swm's reference models do on a CPU) in one run.
 * ``swm+rollout``    — the same solver, ``get_cost`` continuing a history ``prepare``d on the
   first call of each solve (``rollout_from``, as ours does): isolates the solver's own overhead
   from the rollout implementation.
@@ -33,6 +37,8 @@ then a two-proportion test of the success difference.
     python benchmarks/bench_planner_vs_swm.py --episodes 4               # CPU preset, random init
     python benchmarks/bench_planner_vs_swm.py --model micro --episodes 8 # seconds
     python benchmarks/bench_planner_vs_swm.py --checkpoint runs/x/checkpoints/step-000300 --episodes 20
+    python benchmarks/bench_planner_vs_swm.py --checkpoint CKPT --episodes 32 --parallel 8 \
+        --contenders lensemble lensemble+bf16 swm+reference   # issue 34's planner target, one run
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ import torch
 from lensemble.config import load_config
 from lensemble.config.seeds import derive
 from lensemble.eval.closed_loop import episode_specs, eval_factor_values, planner_plan_fn, run_closed_loop
-from lensemble.eval.mpc import Planner
+from lensemble.eval.mpc import Planner, WorldModelOnDevice
 from lensemble.eval.stats import compare_proportions, wilson_interval
 from lensemble.model.predictor import reference_rollout
 
@@ -180,8 +186,9 @@ def main() -> None:
     results = {}
     for name in args.contenders:
         seed = derive(ev.seed, "bench", name)
-        if name in ("lensemble", "lensemble+mean"):
-            seed = derive(ev.seed, "bench", "lensemble")  # same noise: only what is executed differs
+        precision = "bf16" if name == "lensemble+bf16" else "fp32"
+        if name in ("lensemble", "lensemble+mean", "lensemble+bf16"):
+            seed = derive(ev.seed, "bench", "lensemble")  # same noise: only what is executed (mean) or the precision differs
             planner = Planner.from_config(ev, action_dim=model.cfg.action_dim * block, action_low=-1.0,
                                           action_high=1.0, seed=seed)
             plan_fn = planner_plan_fn(model, planner, ev.receding_horizon,
@@ -192,7 +199,8 @@ def main() -> None:
         else:
             raise SystemExit(f"unknown contender {name}")
         counted = _Counted(plan_fn)
-        res = run_closed_loop(model, envs, specs, ev, plan_fn=counted, eval_seed=ev.seed)
+        with WorldModelOnDevice(model, "cpu", precision):  # fp32: nothing at all
+            res = run_closed_loop(model, envs, specs, ev, plan_fn=counted, eval_seed=ev.seed)
         results[name] = (res, counted.calls)
 
     base = results.get("lensemble")
@@ -206,6 +214,10 @@ def main() -> None:
               f"{res.time_per_action_ms:>10.1f} {res.plan_seconds / max(n_calls, 1):>12.2f} "
               f"{speed:>7.2f}x {final:>10.1f}")
     print("(speedup = that contender's ms/action over lensemble's: > 1 means lensemble is faster)")
+    if "lensemble+bf16" in results and "swm+reference" in results:
+        fast, ref = results["lensemble+bf16"][0], results["swm+reference"][0]
+        print(f"ratio swm+reference / lensemble+bf16 ms per action: "
+              f"{ref.time_per_action_ms / fast.time_per_action_ms:.2f}x")
     if base:
         for name, (res, _) in results.items():
             if name == "lensemble":

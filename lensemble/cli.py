@@ -317,7 +317,7 @@ def cli_evaluate(
         rate = "-" if cross["success_rate"] is None else f"{cross['successes']}/{cross['tasks']} = {cross['success_rate']:.1%}"
         table.add_row("cross-wall tasks", f"{cross['tasks']}/{report.n_episodes} = {cross['share']:.1%}")
         table.add_row("success on cross-wall tasks", rate)
-    table.add_row("time per action", f"{report.time_per_action_ms:.1f} ms")
+    table.add_row("time per action", f"{report.time_per_action_ms:.1f} ms ({report.planner_label})")
     table.add_row("planning samples / plan", str(report.planning_samples))
     for name in ("transfer_success_rate", "one_step_error", "copy_last_error", "train_one_step_error",
                  "train_copy_last_error", "rollout_composite", "intervention_error", "probe_r2", "pixel_pca_r2",

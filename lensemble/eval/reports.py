@@ -153,8 +153,14 @@ class EvalReport(BaseModel):
     (lensemble.eval.costs.planning_cost); None for the random and oracle controls and older reports."""
     precision: Literal["fp32", "bf16"] | None = None
     """What closed-loop encoding and planning ran in: ``eval.precision`` after the device check (fp32
-    where bf16 was requested on a device without bf16 matrix units); None for the controls and older
-    reports."""
+    where bf16 was requested on a device without bf16 matrix units; ``auto`` resolves to bf16 or
+    fp32 by the same check); None for the controls and older reports."""
+
+    @property
+    def planner_label(self) -> str:
+        """The planner with the precision it ran in, for tables: ``cem (bf16)``; just ``cem`` when
+        the precision is not recorded (controls, older reports)."""
+        return self.planner if self.precision is None else f"{self.planner} ({self.precision})"
 
     @model_validator(mode="before")
     @classmethod

@@ -102,7 +102,7 @@ def render_eval_markdown(report: EvalReport, checkpoint: str | Path, *, split: s
                   "is well below 1, it fitted its training episodes instead (docs/evaluation.md).", ""]
     lines += ["## Provenance", "", "| what | value |", "|---|---|",
               f"| checkpoint | `{checkpoint}` |", f"| checkpoint hash | `{report.checkpoint_hash}` |",
-              f"| config hash | `{report.config_hash}` |", f"| planner | {report.planner} |",
+              f"| config hash | `{report.config_hash}` |", f"| planner | {report.planner_label} |",
               f"| goal source | {report.goal_source} |",
               f"| planning samples per plan | {report.planning_samples} |", f"| eval seed | {report.seed} |",
               f"| EvalReport | `{json_name}` |", ""]

@@ -279,7 +279,7 @@ def success_table(reports: Mapping[str, EvalReport], labels: Mapping[str, str]) 
         lo, hi = r.success_ci
         valid = getattr(r, "n_route_valid_successes", None)
         lines.append(f"| {labels.get(arm, arm)} | {r.n_successes}/{r.n_episodes} | {pct1(r.success_rate)} % "
-                     f"[{pct1(lo)}, {pct1(hi)}] | {r.time_per_action_ms:.1f} | {r.planner} | "
+                     f"[{pct1(lo)}, {pct1(hi)}] | {r.time_per_action_ms:.1f} | {r.planner_label} | "
                      f"`{r.checkpoint_hash[:12]}…` | {'–' if valid is None else f'{valid}/{r.n_episodes}'} |")
     return lines
 

@@ -45,7 +45,7 @@ def test_placement_that_cannot_work_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="--client-gpus"):
         check_placement(cuda, ray_address=None, client_cpus=1, client_gpus=0)
     # where a run executes is not part of its identity
-    assert load_config(["experiment=micro"]).config_hash()[:12] == "67a7f1af0476"
+    assert load_config(["experiment=micro"]).config_hash()[:12] == "08f00f3bbeb8"
 
 
 @pytest.mark.slow

@@ -42,12 +42,12 @@ def test_check_paper_device_runs_tiny_on_the_cpu(tmp_path):
 
 
 def test_device_fields_stay_out_of_the_dump_at_cpu():
-    cfg = load_config(["experiment=micro"])
+    cfg = load_config(["experiment=micro", "eval.precision=fp32"])  # the hashes from before precision=auto
     assert cfg.train.device == cfg.eval.device == "cpu"
     dumped = cfg.model_dump(mode="json")
     assert "device" not in dumped["train"] and "device" not in dumped["eval"]
-    assert cfg.config_hash()[:12] == "67a7f1af0476" and load_config([]).config_hash()[:12] == "17df7dd54f14"
-    gpu = load_config(["experiment=micro", "train.device=cuda", "eval.device=cuda:1"])
+    assert cfg.config_hash()[:12] == "67a7f1af0476" and load_config(["eval.precision=fp32"]).config_hash()[:12] == "17df7dd54f14"
+    gpu = load_config(["experiment=micro", "eval.precision=fp32", "train.device=cuda", "eval.device=cuda:1"])
     back = gpu.model_dump(mode="json")
     assert back["train"]["device"] == "cuda" and back["eval"]["device"] == "cuda:1"
     assert validate_config(back) == gpu and gpu.config_hash() != cfg.config_hash()
