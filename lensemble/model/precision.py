@@ -141,10 +141,8 @@ def full_precision(like: torch.Tensor) -> AbstractContextManager:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
-    """``F.scaled_dot_product_attention(q, k, v, **kwargs)``, except for bf16 inputs on the CPU: with
-    gradients recorded (training) or many keys it runs in fp32 and returns bf16; without gradients
-    over at most :data:`FEW_KEYS` keys (planning) it is :func:`few_key_attention`.
-    q (B, heads, Tq, hd), k and v (B, heads, Tk, hd) -> (B, heads, Tq, hd).
+    """``F.scaled_dot_product_attention(q, k, v, **kwargs)``, except that bf16 inputs on the CPU run it
+    in fp32 and return bf16: q (B, heads, Tq, hd), k and v (B, heads, Tk, hd) -> (B, heads, Tq, hd).
 
     The reason is speed, measured (``benchmarks/bench_precision.py``, AMX Xeon, torch 2.14, one
     thread): torch's CPU flash-attention kernel is slower in bf16 than in fp32 at this project's
@@ -155,38 +153,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> to
     inputs call SDPA unchanged, so fp32 runs are bitwise what they were; CUDA keeps its bf16 kernels.
     """
     if q.dtype == torch.bfloat16 and q.device.type == "cpu":
-        if k.shape[-2] <= FEW_KEYS and not torch.is_grad_enabled() and not kwargs.get("dropout_p"):
-            return few_key_attention(q, k, v, **kwargs)
         with full_precision(q):
             return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **kwargs).to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, **kwargs)
-
-
-#: Key counts up to which :func:`attention` runs bf16 inference (planning) with
-#: :func:`few_key_attention`: the planner's predictor attends over 3-6 latents in thousands of
-#: sequences at once, where casting q, k, v to fp32 for the flash kernel costs more than the
-#: attention (measured, 2400 sequences x 4 heads x 3 keys x 32: 9.6 ms cast + fp32 flash, 10.5 ms
-#: bf16 flash, 5.3 ms as two bf16 matmuls with an fp32 softmax).
-FEW_KEYS = 8
-
-
-def few_key_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
-                      dropout_p: float = 0.0, is_causal: bool = False) -> torch.Tensor:
-    """Scaled dot-product attention as two batched matmuls in the inputs' dtype and a softmax in
-    fp32: q (..., Tq, hd), k and v (..., Tk, hd) -> (..., Tq, hd) in q's dtype. SDPA's semantics
-    (scale hd^-1/2; ``is_causal`` is the upper-left aligned lower triangle, as SDPA's; a boolean
-    ``attn_mask`` keeps True, a float one is added); no dropout."""
-    if dropout_p:
-        raise ValueError("few_key_attention has no dropout")
-    with full_precision(q):  # the products in q's dtype (bf16 on the matrix units), the softmax in fp32
-        scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5  # (..., Tq, Tk)
-        tq, tk = scores.shape[-2:]
-        if is_causal:
-            scores = scores.masked_fill(~torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(), float("-inf"))
-        if attn_mask is not None:
-            scores = (scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
-                      else scores + attn_mask)
-        return scores.softmax(-1).to(v.dtype) @ v
 
 
 class emulate_bf16_matmuls:
@@ -226,5 +195,5 @@ class emulate_bf16_matmuls:
         return self._mode.__exit__(*exc)
 
 
-__all__ = ["attention", "few_key_attention", "FEW_KEYS", "emulate_bf16_matmuls", "CPU_BF16_FLAGS", "FORCE_ENV", "PRECISIONS", "Bf16Support", "PrecisionFallback", "autocast",
+__all__ = ["attention", "emulate_bf16_matmuls", "CPU_BF16_FLAGS", "FORCE_ENV", "PRECISIONS", "Bf16Support", "PrecisionFallback", "autocast",
            "bf16_support", "cpu_bf16_support", "cpu_flags", "full_precision", "resolve_precision"]
