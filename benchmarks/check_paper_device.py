@@ -24,6 +24,8 @@ closed loop ``evaluate`` runs) and ``evaluate`` itself (ladder off).
 
     python benchmarks/check_paper_device.py --device cuda            # the paper preset, ~2-5 min on one GPU
     python benchmarks/check_paper_device.py --device cpu --tiny      # experiment=micro sizes, seconds, anywhere
+    python benchmarks/check_paper_device.py --device cuda train.precision=fp32 eval.precision=fp32 && \
+      python benchmarks/check_paper_device.py --device cuda train.precision=bf16 eval.precision=bf16   # issue 34, item 5
 
 Trailing arguments are Hydra overrides (e.g. ``train.batch_size=64``). Absolute numbers depend on
 the machine; on a shared CPU box they swing with the load.
@@ -46,6 +48,7 @@ from lensemble.config import load_config
 from lensemble.config.seeds import derive, torch_generator
 from lensemble.data.clips import ClipSampler
 from lensemble.model.objective import sketch_for_step
+from lensemble.model.precision import resolve_precision
 from lensemble.model.world_model import architecture, build_world_model
 from lensemble.training.loop import InnerLoop
 
@@ -150,6 +153,10 @@ def main() -> None:
     n_params = sum(p.numel() for p in build_world_model(cfg.model, init_seed=0).parameters())
     m, t = cfg.model, cfg.train
     print(f"device {dev} ({name}), torch {torch.__version__}{tf32}, {threads} CPU thread(s)")
+    ran = {f: resolve_precision(getattr(cfg, f.split(".")[0]).precision, dev, field=f)
+           for f in ("train.precision", "eval.precision")}
+    print("precision: " + ", ".join(f"{f}={getattr(cfg, f.split('.')[0]).precision} runs {p}"
+                                    for f, p in ran.items()), flush=True)
     print(f"preset {preset}: {n_params / 1e6:.2f} M parameters, batch {t.batch_size} clips x {t.clip_len} frames "
           f"at {m.img_size} px, planner {cfg.eval.planner} {cfg.eval.num_samples} x {cfg.eval.iterations} "
           f"H={cfg.eval.horizon}", flush=True)
