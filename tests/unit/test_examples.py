@@ -25,7 +25,8 @@ def _example(name: str):
 @pytest.mark.parametrize("script", ["planning_pilot.py", "central_quality.py", "partition_pilot.py", "bn_federation_pilot.py",
                                     "seed_spread.py", "bn_source_diagnostic.py", "remeasure_drift.py",
                                     "outer_step_diagnostic.py", "pooled_objective_pilot.py", "pooled_study_power.py",
-                                    "study_seed_table.py", "reacher_pose_resolution.py", "bf16_training_success.py"])
+                                    "study_seed_table.py", "reacher_pose_resolution.py", "bf16_training_success.py",
+                                    "planner_budget_pilot.py"])
 def test_example_imports_and_shows_its_help(script):
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--help"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
