@@ -27,7 +27,9 @@ The protocol (DESIGN.md §7; defaults in ``configs/eval/``) for episode i of N:
 
 Several episodes run side by side in one process (``parallel``): their planning calls are batched
 into one :meth:`Planner.plan` call, i.e. one predictor rollout of B·S sequences per CEM iteration.
-Envs step in lock-step, an episode leaves the batch when it succeeds.
+Envs step in lock-step, an episode leaves the batch when it succeeds. The episode runner
+(:func:`run_closed_loop`, :func:`planner_plan_fn`) lives in :mod:`lensemble.eval.episode_runner`;
+this module poses the request, runs it, adds the ladder and assembles the report.
 
 ``time_per_action_ms`` is wall time of the control loop (encoding, planning, env steps; goal
 posing excluded) divided by the env actions executed, so with B episodes in parallel it is the
@@ -39,10 +41,7 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -50,7 +49,7 @@ from pydantic import ValidationError
 
 from lensemble.artifacts.checkpoint import load_checkpoint
 from lensemble.config.schema import EvalConfig, LensembleConfig
-from lensemble.config.seeds import derive, numpy_rng
+from lensemble.config.seeds import derive
 from lensemble.data.collect import load_silo
 from lensemble.data.partition import partition_silos
 from lensemble.data.shards import EpisodeBatch, load_shard
@@ -58,8 +57,14 @@ from lensemble.data.store import ensure_data
 from lensemble.envs.adapter import env_info, make_env
 from lensemble.envs.factors import factor_spec, supported_envs
 from lensemble.errors import ConfigError, EvaluationError
-from lensemble.eval.controls import RandomActionPolicy
 from lensemble.eval.costs import planning_cost
+from lensemble.eval.episode_runner import (  # noqa: F401  (ClosedLoopResult, EpisodeOutcome, PlanFn: re-exported)
+    ClosedLoopResult,
+    EpisodeOutcome,
+    PlanFn,
+    planner_plan_fn,
+    run_closed_loop,
+)
 from lensemble.eval.goals import (  # noqa: F401  (EpisodeSpec, pose_goal: re-exported, callers import them from here)
     GOAL_PROTOCOL,
     EpisodeSpec,
@@ -70,91 +75,14 @@ from lensemble.eval.goals import (  # noqa: F401  (EpisodeSpec, pose_goal: re-ex
     pose_task,
 )
 from lensemble.eval.ladder import LadderSettings, run_ladder
-from lensemble.eval.mpc import CostFn, Planner, WorldModelOnDevice, module_device
-from lensemble.eval.oracle_sim import ORACLE_ENVS, oracle_model
-from lensemble.eval.reports import EpisodeRecord, EvalReport
-from lensemble.eval.routes import RouteTracker
+from lensemble.eval.mpc import Planner, WorldModelOnDevice
+from lensemble.eval.oracle_sim import ORACLE_ENVS
+from lensemble.eval.reports import EvalReport
 from lensemble.model.world_model import world_model_from_state
 from lensemble.observability.progress import progress_bar
 
 SPLITS = ("heldout", "factor")
 POLICIES = ("mpc", "random", "oracle")
-
-#: ``plan_fn(z_hist (B, T0, d), past_actions (B, T0-1, A·b) | None, z_goal (B, d), init | None,
-#: *, streams=[episode index per row]) -> (actions (B, H, A·b), next_init | None)``. ``init`` is
-#: what the previous call returned as ``next_init`` for these rows (warm start), already shifted
-#: past the executed steps; ``streams`` names each row's planner noise stream (Planner.plan).
-PlanFn = Callable[..., tuple[torch.Tensor, "torch.Tensor | None"]]
-
-
-# ================================================================================== results
-@dataclass
-class EpisodeOutcome:
-    """What happened in one episode (distances in env state units, e.g. 224-px pixels for TwoRoom)."""
-
-    index: int
-    success: bool
-    steps: int                 # env actions executed
-    start_distance: float      # ground-truth distance to the goal at the start
-    final_distance: float      # ... when the episode ended
-    plan_calls: int
-    route_valid: bool | None = None   # every step entered the wall only through a door (None: no wall)
-    cross_wall: bool | None = None    # the goal lay in the other room (None: no wall)
-
-
-@dataclass
-class ClosedLoopResult:
-    """All episodes of one closed-loop run, with the wall time of the control loops."""
-
-    episodes: list[EpisodeOutcome] = field(default_factory=list)
-    seconds: float = 0.0       # control loops only (goal posing excluded)
-    plan_seconds: float = 0.0  # of which inside plan_fn
-
-    @property
-    def n_successes(self) -> int:
-        return sum(e.success for e in self.episodes)
-
-    @property
-    def actions(self) -> int:
-        return sum(e.steps for e in self.episodes)
-
-    @property
-    def time_per_action_ms(self) -> float:
-        return 1000.0 * self.seconds / max(self.actions, 1)
-
-    @property
-    def success_rate(self) -> float:
-        return self.n_successes / max(len(self.episodes), 1)
-
-    @property
-    def n_route_valid_successes(self) -> int | None:
-        """Successes whose route was valid; None when some episode has no route validity."""
-        if any(e.route_valid is None for e in self.episodes):
-            return None
-        return sum(e.success and bool(e.route_valid) for e in self.episodes)
-
-    @property
-    def n_cross_wall(self) -> int | None:
-        """Tasks whose goal lay across the wall; None when some episode has no wall."""
-        if any(e.cross_wall is None for e in self.episodes):
-            return None
-        return sum(bool(e.cross_wall) for e in self.episodes)
-
-    @property
-    def n_cross_wall_successes(self) -> int | None:
-        """Successes on those tasks; None when some episode has no wall."""
-        if self.n_cross_wall is None:
-            return None
-        return sum(e.success and bool(e.cross_wall) for e in self.episodes)
-
-    def records(self, specs: Sequence[EpisodeSpec]) -> list[EpisodeRecord]:
-        """The per-episode records of an :class:`EvalReport` (episode seeds from ``specs``)."""
-        seeds = {s.index: s.seed for s in specs}
-        return [EpisodeRecord(index=e.index, seed=seeds[e.index], success=e.success, steps=e.steps,
-                              start_distance=e.start_distance, final_distance=e.final_distance,
-                              route_valid=e.route_valid, cross_wall=e.cross_wall)
-                for e in sorted(self.episodes, key=lambda e: e.index)]
-
 
 # ================================================================================== validation
 #: The most episodes one evaluation plays. 10,000 already pin a success rate to ±1 point (95 %, at
@@ -248,246 +176,6 @@ def heldout_value_indices(cfg: LensembleConfig, env_id: str):
     plan = partition_silos(env_id, d.partition_factor, d.num_silos, d.episodes_per_silo, d.severity,
                            cfg.root_seed, d.heldout_episodes, d.shared_homes)
     return plan, sorted(set().union(*(plan.seen_by(c) for c in range(plan.num_silos))))
-
-
-# ================================================================================== episodes
-def _to_chw(frames: Sequence[np.ndarray]) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(np.stack(frames))).permute(0, 3, 1, 2)
-
-
-def planner_plan_fn(model, planner: Planner, receding_horizon: int, execute: str = "best",
-                    cost_fn: CostFn | None = None) -> PlanFn:
-    """Wrap :class:`Planner` as a :data:`PlanFn` over the model's predictor.
-
-    ``execute`` chooses what the env runs: ``"best"`` (default, what ``evaluate`` and the study
-    use) the cheapest candidate evaluated; ``"mean"`` the final sampling mean (the elite mean for
-    CEM, as stable-worldmodel's solvers return).
-
-    The history of each plan call is digested once (:meth:`Predictor.prepare`: for a banded
-    predictor, every block's keys and values over the observed latents), then the planner's
-    ``iterations`` rollouts continue it for all B·S candidates (:meth:`Predictor.rollout_from`,
-    rows b·S..b·S+S−1 belonging to environment b). The warm start for the next call is the plan
-    shifted by the ``receding_horizon`` latent steps that will have been executed by then.
-    ``cost_fn`` replaces the planner's L1 energy (:func:`lensemble.eval.costs.planning_cost`).
-    """
-    if execute not in ("best", "mean"):
-        raise ConfigError(f"execute must be 'best' or 'mean', got {execute!r}")
-    pred = model.predictor
-    s = planner.num_samples
-
-    def plan(z_hist, past, z_goal, init, streams=None):
-        dev = module_device(pred)  # [device] plan where the predictor is (a no-op on the CPU)
-        z_hist, z_goal = z_hist.to(dev), z_goal.to(dev)
-        past = past.to(dev) if past is not None else None
-        init = init.to(dev) if init is not None else None
-        with torch.inference_mode():
-            state = pred.prepare(z_hist, past)
-
-        def rollout_fn(z_rep, actions):
-            # z_rep is z_hist repeated S times (the planner's row layout); the prepared state
-            # already holds it, per environment.
-            if z_rep.shape[0] != state.batch * s:
-                raise EvaluationError(f"planner rows {z_rep.shape[0]} != {state.batch} histories x {s} samples")
-            return pred.rollout_from(state, actions)
-
-        result = planner.plan(rollout_fn, z_hist, z_goal, init_mean=init, streams=streams, cost_fn=cost_fn)
-        return (result.actions if execute == "best" else result.mean), planner.next_init(result, receding_horizon)
-
-    return plan
-
-
-def run_closed_loop(
-    model,
-    envs: Sequence,
-    specs: Sequence[EpisodeSpec],
-    eval_cfg: EvalConfig,
-    *,
-    plan_fn: PlanFn | None,
-    eval_seed: int = 0,
-    advance: Callable[[int], None] | None = None,
-    oracle: Planner | None = None,
-    goals: GoalProtocol | None = None,
-) -> ClosedLoopResult:
-    """Run ``specs`` in chunks of ``len(envs)`` episodes side by side.
-
-    ``plan_fn=None`` runs the random-action control instead of MPC (``model`` may then be None);
-    ``oracle`` (a :class:`Planner` over ``action_block``-step blocks) plans on TwoRoom's true
-    dynamics instead. Goals are posed with :func:`~lensemble.eval.goals.pose_task` under
-    ``goals`` (default: the strict protocol of ``eval_cfg``; the dataset-goal protocol needs
-    ``GoalProtocol.from_config(cfg)``); only the control loops are timed.
-    """
-    protocol = goals if goals is not None else GoalProtocol.from_eval(eval_cfg)
-    if protocol.goal_offset != eval_cfg.goal_offset:
-        raise ConfigError(f"goal protocol offset {protocol.goal_offset} != eval.goal_offset {eval_cfg.goal_offset}",
-                          remediation="build the protocol from the same config: GoalProtocol.from_config(cfg)")
-    out = ClosedLoopResult()
-    for lo in range(0, len(specs), len(envs)):
-        chunk = list(specs[lo : lo + len(envs)])
-        pool = list(envs[: len(chunk)])
-        tasks = [pose_task(env, spec, protocol, eval_seed) for env, spec in zip(pool, chunk, strict=True)]
-        starts, goals_img = [t.start for t in tasks], [t.goal for t in tasks]
-        if oracle is not None:
-            res = _oracle_chunk(pool, chunk, eval_cfg, oracle, model.cfg.action_block if model is not None else 1)
-        elif plan_fn is None:
-            policies = [RandomActionPolicy(numpy_rng(eval_seed, "eval", s.index, "random")) for s in chunk]
-            res = _random_chunk(pool, chunk, policies, eval_cfg.budget)
-        else:
-            res = _mpc_chunk(model, pool, chunk, starts, goals_img, eval_cfg, plan_fn)
-        cross = {spec.index: task.cross_wall for spec, task in zip(chunk, tasks, strict=True)}
-        out.episodes.extend(replace(e, cross_wall=cross[e.index]) for e in res.episodes)
-        out.seconds += res.seconds
-        out.plan_seconds += res.plan_seconds
-        if advance is not None:
-            advance(len(chunk))
-    return out
-
-
-def _random_chunk(envs, specs, policies, budget: int) -> ClosedLoopResult:
-    res = ClosedLoopResult()
-    for env, spec, policy in zip(envs, specs, policies, strict=True):
-        d0 = env.distance_to_goal()
-        route = RouteTracker(env)
-        t0 = time.perf_counter()
-        success, steps = False, 0
-        while steps < budget and not success:
-            _, _, success = route.step(policy(env))
-            steps += 1
-        res.seconds += time.perf_counter() - t0
-        res.episodes.append(EpisodeOutcome(spec.index, success, steps, d0, env.distance_to_goal(), 0, route.valid))
-    return res
-
-
-def _mpc_chunk(model, envs, specs, starts, goals, eval_cfg: EvalConfig, plan_fn: PlanFn) -> ClosedLoopResult:
-    """B episodes in lock-step: one batched plan call for the active ones, then
-    ``receding_horizon`` latent steps of ``action_block`` env steps each."""
-    b = len(envs)
-    block = model.cfg.action_block
-    a_dim = envs[0].info.action_dim
-    w = model.predictor.context  # latents that can still reach a prediction
-    low = np.asarray(envs[0].info.action_low, np.float32)
-    high = np.asarray(envs[0].info.action_high, np.float32)
-    d0 = [env.distance_to_goal() for env in envs]
-    routes = [RouteTracker(env) for env in envs]
-
-    t_start = time.perf_counter()
-    with torch.inference_mode():
-        z_goal = model.encoder(_to_chw(goals)).float().clone()
-        z_hist = model.encoder(_to_chw(starts)).float().clone()[:, None]  # (B, T0=1, d)
-    past = torch.zeros(b, 0, a_dim * block)                                # (B, T0-1, A·b)
-    frames = list(starts)
-    active = np.ones(b, dtype=bool)
-    success = np.zeros(b, dtype=bool)
-    steps = np.zeros(b, dtype=int)       # env actions executed per episode
-    calls = np.zeros(b, dtype=int)
-    elapsed = 0                          # env steps since the start, same for every active episode
-    init: torch.Tensor | None = None     # (B, H, A·b) warm start for every row
-    plan_seconds = 0.0
-    while active.any() and elapsed < eval_cfg.budget:
-        rows = np.flatnonzero(active)
-        idx = torch.from_numpy(rows)
-        hist = z_hist[idx]
-        prev = past[idx] if hist.shape[1] > 1 else None
-        tp = time.perf_counter()
-        # One noise stream per episode: its plan does not depend on which episodes share the batch.
-        actions, nxt = plan_fn(hist, prev, z_goal[idx], init[idx] if init is not None else None,
-                               streams=[specs[r].index for r in rows])
-        plan_seconds += time.perf_counter() - tp
-        calls[rows] += 1
-        if nxt is not None:
-            if init is None:
-                init = torch.zeros(b, *nxt.shape[1:])
-            init[idx] = nxt.detach().float().cpu()
-        # (B_active, H, b, A): latent step r of row k is the b env actions plan[k, r].
-        plan = np.clip(actions.detach().float().cpu().numpy().reshape(len(rows), -1, block, a_dim), low, high)
-        for r in range(min(eval_cfg.receding_horizon, plan.shape[1])):
-            for j in range(block):
-                if elapsed >= eval_cfg.budget:
-                    break
-                for k, row in enumerate(rows):
-                    if active[row]:
-                        frames[row], _, done = routes[row].step(plan[k, r, j])
-                        steps[row] += 1
-                        if done:  # the env's own success test, nothing else
-                            success[row] = True
-                            active[row] = False
-                elapsed += 1
-            if not active.any() or elapsed >= eval_cfg.budget:
-                break
-            # Close the latent step: encode the new frames, slide the history window (W latents,
-            # W-1 action blocks between them). Finished rows keep stale values; they never plan again.
-            with torch.inference_mode():
-                z_new = model.encoder(_to_chw([frames[row] for row in rows])).float().clone()
-            z_next = z_hist[:, -1].clone()
-            z_next[idx] = z_new
-            blk = torch.zeros(b, block * a_dim)
-            blk[idx] = torch.from_numpy(plan[:, r].reshape(len(rows), -1))
-            z_hist = torch.cat([z_hist, z_next[:, None]], dim=1)[:, -w:]
-            past = torch.cat([past, blk[:, None]], dim=1)
-            past = past[:, past.shape[1] - (z_hist.shape[1] - 1):]
-    res = ClosedLoopResult(seconds=time.perf_counter() - t_start, plan_seconds=plan_seconds)
-    for k, (env, spec) in enumerate(zip(envs, specs, strict=True)):
-        res.episodes.append(EpisodeOutcome(spec.index, bool(success[k]), int(steps[k]), d0[k],
-                                           env.distance_to_goal(), int(calls[k]), routes[k].valid))
-    return res
-
-
-def _oracle_chunk(envs, specs, eval_cfg: EvalConfig, planner: Planner, block: int) -> ClosedLoopResult:
-    """:func:`_mpc_chunk` with the true dynamics in place of the world model: the state, the goal
-    and the rollouts are :func:`lensemble.eval.oracle_sim.oracle_model`'s (TwoRoom's batched step,
-    PushT's pymunk physics on shadow spaces, Reacher's MuJoCo rollouts).
-    """
-    b = len(envs)
-    low = np.asarray(envs[0].info.action_low, np.float32)
-    high = np.asarray(envs[0].info.action_high, np.float32)
-    a_dim = envs[0].info.action_dim
-    d0 = [env.distance_to_goal() for env in envs]
-    routes = [RouteTracker(env) for env in envs]
-    dynamics, oracle_state, goal = oracle_model(envs)
-    t_start = time.perf_counter()
-    active = np.ones(b, dtype=bool)
-    success = np.zeros(b, dtype=bool)
-    steps = np.zeros(b, dtype=int)
-    calls = np.zeros(b, dtype=int)
-    elapsed = 0
-    init: torch.Tensor | None = None
-    plan_seconds = 0.0
-    while active.any() and elapsed < eval_cfg.budget:
-        rows = np.flatnonzero(active)
-        idx = torch.from_numpy(rows)
-        pos = torch.from_numpy(np.stack([oracle_state(envs[r]) for r in rows]))
-        sim = dynamics.take(idx).repeat(planner.num_samples)
-        tp = time.perf_counter()
-        # sim is bound now: plan() calls the rollout before the loop moves on
-        result = planner.plan(lambda z_rep, acts, sim=sim: sim.rollout(z_rep, acts, block), pos, goal[idx],
-                              init_mean=init[idx] if init is not None else None,
-                              streams=[specs[r].index for r in rows])
-        plan_seconds += time.perf_counter() - tp
-        calls[rows] += 1
-        nxt = planner.next_init(result, eval_cfg.receding_horizon)
-        if nxt is not None:
-            if init is None:
-                init = torch.zeros(b, *nxt.shape[1:])
-            init[idx] = nxt.float()
-        plan = np.clip(result.actions.numpy().reshape(len(rows), -1, block, a_dim), low, high)
-        for r in range(min(eval_cfg.receding_horizon, plan.shape[1])):
-            for j in range(block):
-                if elapsed >= eval_cfg.budget:
-                    break
-                for k, row in enumerate(rows):
-                    if active[row]:
-                        _, _, done = routes[row].step(plan[k, r, j])
-                        steps[row] += 1
-                        if done:
-                            success[row] = True
-                            active[row] = False
-                elapsed += 1
-            if not active.any() or elapsed >= eval_cfg.budget:
-                break
-    res = ClosedLoopResult(seconds=time.perf_counter() - t_start, plan_seconds=plan_seconds)
-    for k, (env, spec) in enumerate(zip(envs, specs, strict=True)):
-        res.episodes.append(EpisodeOutcome(spec.index, bool(success[k]), int(steps[k]), d0[k],
-                                           env.distance_to_goal(), int(calls[k]), routes[k].valid))
-    return res
 
 
 # ================================================================================== evaluate

@@ -1,6 +1,6 @@
 """The true dynamics the oracle planner rolls out, per environment, and the state it scores.
 
-The oracle (``evaluate(..., policy="oracle")``, :func:`lensemble.eval.closed_loop._oracle_chunk`)
+The oracle (``evaluate(..., policy="oracle")``, :func:`lensemble.eval.episode_runner._oracle_chunk`)
 is the MPC protocol's planner with the world model replaced by the environment's own dynamics,
 batched over the planner's samples; its L1 energy scores an embedded state against the embedded
 goal:
