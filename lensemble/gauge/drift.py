@@ -1,33 +1,10 @@
 """Frame drift: how far participants' latent frames have rotated apart.
 
-Two magnitudes of an orthogonal Q (d, d), both reported:
-
-* ``frobenius``: ||Q - I||_F (canonical; dimensionless, in [0, 2 sqrt(d)]).
-* ``geodesic angle`` in degrees, from the eigenvalue phases of Q. Q is orthogonal, so its
-  eigenvalues are e^{±i θ_j} with principal angles θ_j in [0, π] (one per eigenvalue: a rotation
-  plane contributes its angle twice, a fixed axis 0, a reflected axis π once). We report
-
-      angle = sqrt( ½ Σ_{j=1..d} θ_j² )            (radians, then converted to degrees).
-
-  For Q in SO(d) this is the geodesic distance from I to Q on the rotation group (||log Q||_F/√2):
-  a rotation by θ in one plane reads θ exactly, a rotation by θ₁ and θ₂ in two orthogonal planes
-  reads sqrt(θ₁² + θ₂²). It never saturates: it keeps growing with the number of rotated planes
-  (up to 180°·sqrt(d/2)), whereas the trace formula acos((tr Q - (d-2))/2) is exact for one plane
-  only and pins every generic high-d rotation at 180°. We prefer the geodesic norm over the max
-  principal angle (which also saturates near 180° in high d) and over the RMS angle (which would
-  dilute a one-plane rotation by sqrt(d/2)). For small rotations angle ≈ ||Q - I||_F / √2 (rad).
-
-Reflections (det Q = -1) have no rotation path from I; the formula then counts the reflected axis
-as π/√2 (half a plane turned by π). Such pairs are listed in ``reflected_pairs`` so that nobody
-mistakes them for a large smooth drift.
-
-Numerics: Q - I and Q + I are normal matrices, so their singular values are exactly
-|λ_j - 1| = 2 sin(θ_j/2) and |λ_j + 1| = 2 cos(θ_j/2). Both lists are monotone in θ (one
-decreasing, one increasing), so the k-th largest of the first and the k-th smallest of the second
-belong to the same angle, and θ = 2 atan2(sin(θ/2), cos(θ/2)) is accurate to ~1e-15 rad over the
-whole range [0, π]. When every θ_j <= 90° (small drift), 2 asin(σ(Q - I)/2) is already that
-accurate and the second decomposition is skipped. This avoids a general (complex) eigen-solver, which is several times slower,
-and avoids acos / asin of a single list, which lose half their digits near 0 or near π.
+The two drift magnitudes of an orthogonal Q (||Q - I||_F and the geodesic angle), their exact
+(SVD) numerics and the handling of reflections are in :mod:`lensemble.gauge.magnitudes`; the
+report, its pair keys and the variance-weighted misalignment it carries are in
+:mod:`lensemble.gauge.drift_report`. Both are re-exported here. This module measures them:
+:func:`frame_drift` for many frames at once, :func:`misalignment` for one pair of frames.
 
 ``frame_drift`` (thousands of d x d problems) takes a cheaper route to the same numbers, and uses
 the path above only where the cheap one would lose accuracy (a per-item rule, see
@@ -36,24 +13,6 @@ angles from the cosines eig((Q + Qᵀ)/2) as Σ θ_j² = ||Q - I||_F² + Σ_j [a
 one symmetric eigenvalue solve instead of two singular-value solves. Items whose cross-covariance
 has sigma_min / sigma_max < 1e-4 (or < 10 x the singular floor), or whose rotation has a plane
 within ~1.4e-3 rad of π (beyond a reflection's own -1 eigenvalue), go through the SVD path.
-
-Variance-weighted misalignment (beside the two magnitudes, which weight all d directions alike, so
-noise in weak directions can dominate them). For source X and target Y (same probe frames):
-
-* ``relative_residual_before`` = ||X - Y||_F / ||Y||_F: the disagreement with no alignment (what
-  naive averaging of the two frames sees); ``fit_residual`` = ||X Q* - Y||_F / ||Y||_F after the
-  best rotation; ``rotation_share`` = 1 - after² / before², the share of the squared disagreement a
-  rotation explains (what align-then-average recovers). Each weights a direction by its energy.
-* ``subspace_angle_deg``: the geodesic angle of Q* *within* the principal subspace S of Y holding
-  ``variance`` (95 %) of its (uncentred, as the gauge is linear) energy: with V_r a basis of S, the
-  orthogonal polar factor of V_rᵀ Q* V_r. ``subspace_tilt_deg``: how far Q* turns S out of itself,
-  the Grassmann distance sqrt(Σ φ_i²) from the principal angles φ_i between S and S Q*
-  (cos φ_i = the singular values of V_rᵀ Q* V_r); ``subspace_rank`` = dim S.
-  Two frames identical in their strong directions and random in the weak ones read ~0 on all of
-  these while ||Q* - I||_F and the angle are large (tests/unit/test_drift.py).
-
-Pairs ``a|b`` map a onto b, so these use b as the target (b's norm, b's principal subspace); the
-two magnitudes above are symmetric in a and b, these are not.
 """
 
 from __future__ import annotations
@@ -62,12 +21,27 @@ import math
 from collections.abc import Mapping
 
 import torch
-from pydantic import BaseModel, ConfigDict
 
 from lensemble.config.seeds import torch_generator
 from lensemble.errors import ConfigError, DegenerateProcrustes, GaugeError, ProbeError
+from lensemble.gauge.drift_report import (
+    GLOBAL_KEY,
+    PAIR_SEP,
+    DriftToGlobal,
+    FrameDriftReport,
+    Misalignment,
+    PairSampling,
+    assemble_report,
+    pair_key,
+)
+from lensemble.gauge.magnitudes import (
+    _reflection_flags,
+    drift_magnitudes,
+    frobenius_drift,
+    geodesic_angle_deg,
+    principal_angles,
+)
 from lensemble.gauge.procrustes import as_float64_matrix, polar_factors
-from lensemble.model.collapse import effective_dim
 
 __all__ = [
     "GLOBAL_KEY",
@@ -84,12 +58,6 @@ __all__ = [
     "frame_drift",
     "misalignment",
 ]
-
-GLOBAL_KEY = "global"
-"""Reserved key: the global (server) model's probe embeddings."""
-
-PAIR_SEP = "|"
-"""Pair keys are ``f"{a}|{b}"`` with a < b; participant ids may not contain it."""
 
 # Pairs whose cross-covariances are decomposed in one batched call. Bounds the memory of the
 # gathered embeddings (chunk x n x d float64) without giving up batching.
@@ -108,58 +76,6 @@ with the SVD to 3e-11 and the geodesic angle to 7e-10 degrees, instead of 1e-10 
 _FAST_PI_MARGIN = 1e-6
 """Smallest 1 + cos θ (outside a reflection's own -1) read from cosines: acos's slope is
 1 / sin θ, so θ² keeps about 1e-11 absolute accuracy down to this margin (π - θ >= 1.4e-3)."""
-
-
-def principal_angles(q: torch.Tensor) -> torch.Tensor:
-    """Principal angles θ_j of orthogonal matrices, in radians.
-
-    Args:
-        q: (..., d, d) orthogonal matrices (any float dtype; computed in float64).
-
-    Returns:
-        (..., d) float64 angles in [0, π], ascending; one per eigenvalue λ_j = e^{±iθ_j}.
-    """
-    q = q.to(torch.float64)
-    eye = torch.eye(q.shape[-1], dtype=q.dtype, device=q.device)
-    chord_minus = torch.linalg.svdvals(q - eye).flip(-1)  # 2 sin(θ/2), ascending = θ ascending
-    if chord_minus.numel() == 0 or float(chord_minus.max()) <= math.sqrt(2.0):
-        # Every θ <= 90°: asin is well conditioned there (slope <= √2), so the second
-        # decomposition is not needed. This is the common case of small federated drift.
-        return 2.0 * torch.asin((chord_minus / 2.0).clamp(0.0, 1.0))
-    chord_plus = torch.linalg.svdvals(q + eye)  # 2 cos(θ/2), descending = θ ascending
-    return 2.0 * torch.atan2(chord_minus, chord_plus)
-
-
-def geodesic_angle_deg(q: torch.Tensor) -> torch.Tensor:
-    """Geodesic rotation angle sqrt(½ Σ θ_j²) of orthogonal matrices, in degrees.
-
-    Args:
-        q: (..., d, d). Returns (...) float64 degrees (see the module docstring).
-    """
-    theta = principal_angles(q)
-    return torch.rad2deg(torch.sqrt(0.5 * (theta * theta).sum(dim=-1)))
-
-
-def frobenius_drift(q: torch.Tensor) -> torch.Tensor:
-    """||Q - I||_F for (..., d, d) matrices; returns (...) float64 (dimensionless)."""
-    q = q.to(torch.float64)
-    eye = torch.eye(q.shape[-1], dtype=q.dtype, device=q.device)
-    return torch.linalg.matrix_norm(q - eye)
-
-
-def _reflection_flags(q: torch.Tensor) -> torch.Tensor:
-    # slogdet's sign; torch.linalg.det on batched fp64 input returned garbage under MKL with 2
-    # threads in this environment, while slogdet's LU path is correct.
-    return torch.linalg.slogdet(q.to(torch.float64)).sign < 0
-
-
-def drift_magnitudes(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Both drift magnitudes of (..., d, d) orthogonal matrices.
-
-    Returns:
-        (frobenius (...) float64, angle_deg (...) float64, reflection (...) bool).
-    """
-    return frobenius_drift(q), geodesic_angle_deg(q), _reflection_flags(q)
 
 
 def _fast_polar_factors(
@@ -244,165 +160,6 @@ def _fast_drift_magnitudes(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
         slow = torch.nonzero(~fast).flatten()
         angle[slow] = geodesic_angle_deg(q[slow])
     return frob, angle, refl
-
-
-def pair_key(a: str, b: str) -> str:
-    """The report key of the pair (a, b): ``"a|b"``, Q mapping a's frame onto b's."""
-    return f"{a}{PAIR_SEP}{b}"
-
-
-class _Report(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class DriftToGlobal(_Report):
-    """One participant's frame against the global model's frame (Q maps participant -> global)."""
-
-    residual: float | None
-    """||Q - I||_F; None when the rotation is not identifiable (``degenerate="mask"``)."""
-    angle_deg: float | None
-    """Geodesic angle sqrt(½ Σ θ_j²), degrees; None as ``residual``."""
-    fit_residual: float
-    """||E_c Q - E_global||_F / ||E_global||_F: how much of the difference a rotation explains."""
-    reflection: bool
-    """det Q = -1."""
-    # Variance-weighted misalignment (module docstring); None in reports written before them.
-    relative_residual_before: float | None = None
-    """||E_c - E_global||_F / ||E_global||_F: the disagreement before any alignment."""
-    rotation_share: float | None = None
-    """1 - fit_residual² / relative_residual_before²: the share a rotation explains."""
-    subspace_angle_deg: float | None = None
-    """Geodesic angle of Q within the global frame's 95 %-energy principal subspace, degrees."""
-    subspace_tilt_deg: float | None = None
-    """Grassmann distance between that subspace and its image under Q, degrees."""
-    subspace_rank: int | None = None
-    """Dimension of that subspace."""
-
-
-Misalignment = DriftToGlobal
-"""One source frame against one target frame: the fields of :class:`DriftToGlobal`."""
-
-
-class PairSampling(_Report):
-    """Which pairs were measured. Above ``max_pairs`` a seeded uniform sample is drawn."""
-
-    max_pairs: int | None
-    seed: int
-    sampled: bool
-    total_pairs: int
-    evaluated_pairs: int
-
-
-class FrameDriftReport(_Report):
-    """Output of :func:`frame_drift`. Plain JSON types only; dict keys are sorted.
-
-    Pair dicts are keyed ``"a|b"`` with a < b (sorted ids), Q mapping a's frame onto b's.
-    Magnitudes are symmetric in (a, b): Q_ba = Q_abᵀ has the same eigenvalue phases.
-    """
-
-    schema_version: int = 3
-    round_index: int
-    probe_hash: str | None
-    participants: list[str]
-    num_probe: int
-    latent_dim: int
-    singular_floor: float
-    pairwise_residual: dict[str, float | None]
-    """||Q_ab - I||_F per pair (canonical drift magnitude); None for a degenerate pair."""
-    pairwise_angle_deg: dict[str, float | None]
-    """Geodesic angle per pair, degrees; None for a degenerate pair."""
-    pairwise_fit_residual: dict[str, float]
-    """||E_a Q - E_b||_F / ||E_b||_F per pair."""
-    reflected_pairs: list[str]
-    degenerate_pairs: list[str] = []
-    """Pairs (``"a|b"``, ``"c|global"``) whose full rotation was not identifiable (version >= 3,
-    ``degenerate="mask"``): their full magnitudes, and every mean over them, are None."""
-    drift_from_global: dict[str, DriftToGlobal]
-    effective_dim: dict[str, float]
-    """Participation ratio per key, the global model included."""
-    sampling: PairSampling
-    mean_pairwise_residual: float | None
-    mean_pairwise_angle_deg: float | None
-    max_pairwise_angle_deg: float | None
-    mean_global_residual: float | None
-    mean_global_angle_deg: float | None
-    # Variance-weighted misalignment per pair (module docstring); empty in version-1 reports.
-    pairwise_relative_residual_before: dict[str, float] = {}
-    """||E_a - E_b||_F / ||E_b||_F per pair (before alignment)."""
-    pairwise_rotation_share: dict[str, float] = {}
-    pairwise_subspace_angle_deg: dict[str, float | None] = {}
-    pairwise_subspace_tilt_deg: dict[str, float | None] = {}
-    pairwise_subspace_rank: dict[str, int] = {}
-    subspace_variance: float = 0.95
-    """Energy share that defines the principal subspace of the target frame."""
-    probe_subset: dict | None = None
-    """Which probe frames were measured (e.g. the measurement part of the probe split, with its
-    index-set hash); None: the embeddings as given."""
-    mean_pairwise_relative_residual_before: float | None = None
-    mean_pairwise_fit_residual: float | None = None
-    mean_pairwise_rotation_share: float | None = None
-    mean_pairwise_subspace_angle_deg: float | None = None
-    mean_global_relative_residual_before: float | None = None
-    mean_global_fit_residual: float | None = None
-    mean_global_rotation_share: float | None = None
-    mean_global_subspace_angle_deg: float | None = None
-
-    def summary_metrics(self) -> dict[str, float]:
-        """Scalars under the stable JSONL keys (DESIGN §8): drift vs global when a global frame
-        was given, else the pairwise means.
-
-        ``gauge/drift_angle_deg`` / ``gauge/procrustes_residual``: the geodesic angle / ||Q − I||_F
-        of each participant's (unaligned) frame against the global one, averaged over participants;
-        ``gauge/drift_rel_residual_before`` / ``_after``: ||E − G||/||G|| without / with the best
-        rotation; ``gauge/drift_rotation_share``: the share of that disagreement a rotation
-        explains; ``gauge/drift_subspace_angle_deg``: the angle within the global frame's principal
-        subspace (docs/gauge.md §3)."""
-        out: dict[str, float] = {}
-        g = bool(self.drift_from_global)
-        pick = {
-            "gauge/drift_angle_deg": self.mean_global_angle_deg if g else self.mean_pairwise_angle_deg,
-            "gauge/procrustes_residual": self.mean_global_residual if g else self.mean_pairwise_residual,
-            "gauge/drift_rel_residual_before": (self.mean_global_relative_residual_before if g
-                                                else self.mean_pairwise_relative_residual_before),
-            "gauge/drift_rel_residual_after": self.mean_global_fit_residual if g else self.mean_pairwise_fit_residual,
-            "gauge/drift_rotation_share": self.mean_global_rotation_share if g else self.mean_pairwise_rotation_share,
-            "gauge/drift_subspace_angle_deg": (self.mean_global_subspace_angle_deg if g
-                                               else self.mean_pairwise_subspace_angle_deg),
-        }
-        out.update({k: v for k, v in pick.items() if v is not None})
-        if self.effective_dim:
-            vals = [v for k, v in self.effective_dim.items() if k != GLOBAL_KEY] or list(
-                self.effective_dim.values()
-            )
-            out["gauge/effective_dim"] = math.fsum(vals) / len(vals)
-        return out
-
-    def pairwise_metrics(self) -> dict[str, float]:
-        """Between-participant drift (no global frame involved), averaged over the measured pairs:
-        ``gauge/pairwise_angle_deg``, ``gauge/pairwise_residual`` (||Q − I||_F),
-        ``gauge/pairwise_rel_residual_before`` / ``_after``, ``gauge/pairwise_rotation_share``,
-        ``gauge/pairwise_subspace_angle_deg``."""
-        pick = {
-            "gauge/pairwise_angle_deg": self.mean_pairwise_angle_deg,
-            "gauge/pairwise_residual": self.mean_pairwise_residual,
-            "gauge/pairwise_rel_residual_before": self.mean_pairwise_relative_residual_before,
-            "gauge/pairwise_rel_residual_after": self.mean_pairwise_fit_residual,
-            "gauge/pairwise_rotation_share": self.mean_pairwise_rotation_share,
-            "gauge/pairwise_subspace_angle_deg": self.mean_pairwise_subspace_angle_deg,
-        }
-        return {k: v for k, v in pick.items() if v is not None}
-
-
-def _mean(values: list[float | None]) -> float | None:
-    """Mean, or None when empty or when any value is unmeasured (a partial mean would describe
-    another set of participants)."""
-    if not values or any(v is None for v in values):
-        return None
-    return math.fsum(values) / len(values)
-
-
-def _none_if_nan(x: float) -> float | None:
-    return None if isinstance(x, float) and math.isnan(x) else x
 
 
 def _select_pairs(c: int, max_pairs: int | None, seed: int) -> tuple[list[tuple[int, int]], int, bool]:
@@ -752,86 +509,10 @@ def frame_drift(
                                  g_bases, g_ranks))
 
     measured = _measure_chunks(pair_tasks + global_tasks, singular_floor, workers, mask=degenerate == "mask")
-
-    fields = ("frob", "angle", "fit", "before", "share", "sub_angle", "sub_tilt", "sub_rank")
-    pair_vals: dict[str, dict[str, float | None]] = {f: {} for f in fields}
-    reflected: list[str] = []
-    degenerate_pairs: list[str] = []
-    for task, res in zip(pair_tasks, measured[: len(pair_tasks)], strict=True):
-        for b, label in enumerate(task[5]):
-            for f in fields:
-                pair_vals[f][label] = _none_if_nan(res[f][b])
-            if res["refl"][b]:
-                reflected.append(label)
-            if res["degenerate"][b]:
-                degenerate_pairs.append(label)
-
-    from_global: dict[str, DriftToGlobal] = {}
-    for task, res in zip(global_tasks, measured[len(pair_tasks) :], strict=True):
-        for b, label in enumerate(task[5]):
-            from_global[label.split(PAIR_SEP)[0]] = DriftToGlobal(
-                residual=_none_if_nan(res["frob"][b]), angle_deg=_none_if_nan(res["angle"][b]),
-                fit_residual=res["fit"][b], reflection=bool(res["refl"][b]),
-                relative_residual_before=res["before"][b], rotation_share=res["share"][b],
-                subspace_angle_deg=_none_if_nan(res["sub_angle"][b]),
-                subspace_tilt_deg=_none_if_nan(res["sub_tilt"][b]), subspace_rank=int(res["sub_rank"][b]),
-            )
-            if res["degenerate"][b]:
-                degenerate_pairs.append(label)
-
-    pair_labels = sorted(pair_vals["frob"])
-
-    def table(f: str, cast=float) -> dict:
-        return {k: (None if pair_vals[f][k] is None else cast(pair_vals[f][k])) for k in pair_labels}
-
-    def mean_of(f: str) -> float | None:
-        return _mean([pair_vals[f][k] for k in pair_labels])
-
-    def global_mean(attr: str) -> float | None:
-        return _mean([getattr(v, attr) for v in from_global.values()])
-
-    return FrameDriftReport(
-        round_index=int(round_index),
-        probe_hash=probe_hash,
-        participants=ids,
-        num_probe=n,
-        latent_dim=d,
-        singular_floor=float(singular_floor),
-        pairwise_residual=table("frob"),
-        pairwise_angle_deg=table("angle"),
-        pairwise_fit_residual=table("fit"),
-        reflected_pairs=sorted(reflected),
-        degenerate_pairs=sorted(degenerate_pairs),
-        drift_from_global=from_global,
-        effective_dim={k: effective_dim(mats[k]) for k in keys},
-        sampling=PairSampling(
-            max_pairs=max_pairs,
-            seed=int(seed),
-            sampled=sampled,
-            total_pairs=total,
-            evaluated_pairs=len(pairs),
-        ),
-        mean_pairwise_residual=mean_of("frob"),
-        mean_pairwise_angle_deg=mean_of("angle"),
-        max_pairwise_angle_deg=(None if any(pair_vals["angle"][k] is None for k in pair_labels)
-                                else max((pair_vals["angle"][k] for k in pair_labels), default=None)),
-        mean_global_residual=global_mean("residual"),
-        mean_global_angle_deg=global_mean("angle_deg"),
-        pairwise_relative_residual_before=table("before"),
-        pairwise_rotation_share=table("share"),
-        pairwise_subspace_angle_deg=table("sub_angle"),
-        pairwise_subspace_tilt_deg=table("sub_tilt"),
-        pairwise_subspace_rank=table("sub_rank", int),
-        subspace_variance=float(variance),
-        probe_subset=probe_subset,
-        mean_pairwise_relative_residual_before=mean_of("before"),
-        mean_pairwise_fit_residual=mean_of("fit"),
-        mean_pairwise_rotation_share=mean_of("share"),
-        mean_pairwise_subspace_angle_deg=mean_of("sub_angle"),
-        mean_global_relative_residual_before=global_mean("relative_residual_before"),
-        mean_global_fit_residual=global_mean("fit_residual"),
-        mean_global_rotation_share=global_mean("rotation_share"),
-        mean_global_subspace_angle_deg=global_mean("subspace_angle_deg"),
+    return assemble_report(
+        pair_tasks, global_tasks, measured, round_index=round_index, probe_hash=probe_hash, ids=ids,
+        keys=keys, mats=mats, n=n, d=d, singular_floor=singular_floor, max_pairs=max_pairs, seed=seed,
+        sampled=sampled, total=total, pairs=pairs, variance=variance, probe_subset=probe_subset,
     )
 
 
