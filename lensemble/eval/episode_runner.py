@@ -248,24 +248,11 @@ def _mpc_chunk(model, envs, specs, starts, goals, eval_cfg: EvalConfig, plan_fn:
                                streams=[specs[r].index for r in rows])
         plan_seconds += time.perf_counter() - tp
         calls[rows] += 1
-        if nxt is not None:
-            if init is None:
-                init = torch.zeros(b, *nxt.shape[1:])
-            init[idx] = nxt.detach().float().cpu()
+        init = _store_init(init, b, idx, nxt)
         # (B_active, H, b, A): latent step r of row k is the b env actions plan[k, r].
         plan = np.clip(actions.detach().float().cpu().numpy().reshape(len(rows), -1, block, a_dim), low, high)
         for r in range(min(eval_cfg.receding_horizon, plan.shape[1])):
-            for j in range(block):
-                if elapsed >= eval_cfg.budget:
-                    break
-                for k, row in enumerate(rows):
-                    if active[row]:
-                        frames[row], _, done = routes[row].step(plan[k, r, j])
-                        steps[row] += 1
-                        if done:  # the env's own success test, nothing else
-                            success[row] = True
-                            active[row] = False
-                elapsed += 1
+            elapsed = _play_block(plan[:, r], rows, routes, active, success, steps, elapsed, eval_cfg.budget, frames)
             if not active.any() or elapsed >= eval_cfg.budget:
                 break
             # Close the latent step: encode the new frames, slide the history window (W latents,
@@ -279,11 +266,7 @@ def _mpc_chunk(model, envs, specs, starts, goals, eval_cfg: EvalConfig, plan_fn:
             z_hist = torch.cat([z_hist, z_next[:, None]], dim=1)[:, -w:]
             past = torch.cat([past, blk[:, None]], dim=1)
             past = past[:, past.shape[1] - (z_hist.shape[1] - 1):]
-    res = ClosedLoopResult(seconds=time.perf_counter() - t_start, plan_seconds=plan_seconds)
-    for k, (env, spec) in enumerate(zip(envs, specs, strict=True)):
-        res.episodes.append(EpisodeOutcome(spec.index, bool(success[k]), int(steps[k]), d0[k],
-                                           env.distance_to_goal(), int(calls[k]), routes[k].valid))
-    return res
+    return _outcomes(envs, specs, routes, d0, success, steps, calls, time.perf_counter() - t_start, plan_seconds)
 
 
 def _oracle_chunk(envs, specs, eval_cfg: EvalConfig, planner: Planner, block: int) -> ClosedLoopResult:
@@ -318,27 +301,49 @@ def _oracle_chunk(envs, specs, eval_cfg: EvalConfig, planner: Planner, block: in
                               streams=[specs[r].index for r in rows])
         plan_seconds += time.perf_counter() - tp
         calls[rows] += 1
-        nxt = planner.next_init(result, eval_cfg.receding_horizon)
-        if nxt is not None:
-            if init is None:
-                init = torch.zeros(b, *nxt.shape[1:])
-            init[idx] = nxt.float()
+        init = _store_init(init, b, idx, planner.next_init(result, eval_cfg.receding_horizon))
         plan = np.clip(result.actions.numpy().reshape(len(rows), -1, block, a_dim), low, high)
         for r in range(min(eval_cfg.receding_horizon, plan.shape[1])):
-            for j in range(block):
-                if elapsed >= eval_cfg.budget:
-                    break
-                for k, row in enumerate(rows):
-                    if active[row]:
-                        _, _, done = routes[row].step(plan[k, r, j])
-                        steps[row] += 1
-                        if done:
-                            success[row] = True
-                            active[row] = False
-                elapsed += 1
+            elapsed = _play_block(plan[:, r], rows, routes, active, success, steps, elapsed, eval_cfg.budget)
             if not active.any() or elapsed >= eval_cfg.budget:
                 break
-    res = ClosedLoopResult(seconds=time.perf_counter() - t_start, plan_seconds=plan_seconds)
+    return _outcomes(envs, specs, routes, d0, success, steps, calls, time.perf_counter() - t_start, plan_seconds)
+
+
+def _store_init(init: torch.Tensor | None, b: int, idx: torch.Tensor, nxt: torch.Tensor | None) -> torch.Tensor | None:
+    """The warm-start table (B, H, A·b) with rows ``idx`` set to ``nxt`` (made on first use)."""
+    if nxt is None:
+        return init
+    if init is None:
+        init = torch.zeros(b, *nxt.shape[1:])
+    init[idx] = nxt.detach().float().cpu()
+    return init
+
+
+def _play_block(block_actions: np.ndarray, rows, routes, active, success, steps, elapsed: int, budget: int,
+                frames: list | None = None) -> int:
+    """One latent step in lock-step: env action j of ``block_actions`` (B_active, b, A) for every
+    still-active row, up to ``budget`` env steps in all; marks successes (the env's own test,
+    nothing else), keeps each row's new frame in ``frames`` when given. Returns the new elapsed."""
+    for j in range(block_actions.shape[1]):
+        if elapsed >= budget:
+            break
+        for k, row in enumerate(rows):
+            if active[row]:
+                frame, _, done = routes[row].step(block_actions[k, j])
+                if frames is not None:
+                    frames[row] = frame
+                steps[row] += 1
+                if done:
+                    success[row] = True
+                    active[row] = False
+        elapsed += 1
+    return elapsed
+
+
+def _outcomes(envs, specs, routes, d0, success, steps, calls, seconds: float, plan_seconds: float) -> ClosedLoopResult:
+    """The lock-step chunk's per-episode outcomes."""
+    res = ClosedLoopResult(seconds=seconds, plan_seconds=plan_seconds)
     for k, (env, spec) in enumerate(zip(envs, specs, strict=True)):
         res.episodes.append(EpisodeOutcome(spec.index, bool(success[k]), int(steps[k]), d0[k],
                                            env.distance_to_goal(), int(calls[k]), routes[k].valid))
