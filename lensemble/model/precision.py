@@ -10,7 +10,9 @@ runs are bitwise what they were before the option existed.
 
 bf16 only pays where the hardware multiplies bf16 natively. Elsewhere torch runs bf16 matrix products
 in a scalar fallback: measured on an AVX2-only AMD EPYC (torch 2.14, one thread), a 4096 x 192 x 768
-matmul ran at 36 GFLOP/s in fp32 and 0.9 in bf16 (40x slower), a planner rollout 7x slower. So a
+matmul ran at 36 GFLOP/s in fp32 and 0.9 in bf16 (40x slower), a planner rollout 7x slower; on a
+Zen 4 EPYC with AVX512-BF16 but no AMX, bf16 matmuls ran 2.1x fp32's peak and a training step and a
+planning call 1.46x and 1.59x faster (docs/results/bf16-avx512), so AVX512-BF16 counts. So a
 requested ``bf16`` is checked against the machine (:func:`bf16_support`): without bf16 matrix units
 it falls back to fp32 with a :class:`PrecisionFallback` warning that names the cause, unless
 ``LENSEMBLE_FORCE_BF16=1`` asks for bf16 numerics anyway (numerics studies; slow). ``auto`` asks
