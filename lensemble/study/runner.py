@@ -48,6 +48,7 @@ from lensemble.eval.ladder import LadderSettings
 from lensemble.federation.simulation import run_federated_simulation
 from lensemble.numerics import numerics_record
 from lensemble.observability.progress import progress_bar
+from lensemble.study import warmstarts
 from lensemble.study.datacheck import check_data
 from lensemble.study.files import atomic_write, failure_path, load_summaries, now, summary_path, write_summary
 from lensemble.study.plan import PlannedRun, StudyPlan, estimate_seconds, overrides_from_config, plan_study
@@ -99,27 +100,35 @@ class _Runner:
 
     # -- warm start
     def warmstart_checkpoint(self, run_id: str, run: PlannedRun | None = None) -> str:
-        """The warm start's checkpoint folder, training it if its scratch folder is gone (then
-        its hash must equal the recorded one, or the arms of this study would not share it)."""
+        """The warm start's checkpoint folder: the scratch copy, else the copy kept in the study
+        folder (:mod:`lensemble.study.warmstarts`), else trained now (then its hash must equal the
+        recorded one, or the arms of this study would not share it). Kept in the study folder."""
         if run_id in self._warm_ckpt:
             return self._warm_ckpt[run_id]
         recorded = summary_path(self.study_dir, run_id)
         if recorded.exists():
             rec = json.loads(recorded.read_text())
             folder = self.run_dir(run_id) / rec["checkpoint_rel"]
-            if (folder / "header.json").exists() and read_header(folder)["content_hash"] == rec["checkpoint_hash"]:
+            scratch_ok = (folder / "header.json").exists() and read_header(folder)["content_hash"] == rec["checkpoint_hash"]
+            if scratch_ok or warmstarts.restore(self.study_dir, run_id, folder, rec["checkpoint_hash"]):
+                warmstarts.keep(self.study_dir, run_id, folder)
                 self._warm_ckpt[run_id] = str(folder)
                 return str(folder)
             summary = self._execute(run or self.plan.runs[run_id])
             if summary["checkpoint_hash"] != rec["checkpoint_hash"]:
+                why = warmstarts.machine_difference(rec.get("numerics"), summary.get("numerics") or {})
                 raise ConfigError(
                     f"the retrained warm start {run_id} hashes to {summary['checkpoint_hash'][:12]}…, the study "
-                    f"recorded {rec['checkpoint_hash'][:12]}…: runs done so far used another warm start",
-                    remediation=f"restore {self.run_dir(run_id)} or start a new study name")
+                    f"recorded {rec['checkpoint_hash'][:12]}…: runs done so far used another warm start"
+                    + (f" ({why}; training is not bit-identical across CPUs)" if why else "")
+                    + f", and neither {folder} nor {warmstarts.kept_path(self.study_dir, run_id)} holds it",
+                    remediation=f"restore {folder} from the machine that trained it, or run the missing arms "
+                                "as a new study name with its own warm starts")
         else:
             summary = self._execute(run or self.plan.runs[run_id])
             write_summary(self.study_dir, run_id, summary)
         folder = self.run_dir(run_id) / summary["checkpoint_rel"]
+        warmstarts.keep(self.study_dir, run_id, folder)
         self._warm_ckpt[run_id] = str(folder)
         return str(folder)
 
