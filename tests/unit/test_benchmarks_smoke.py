@@ -74,3 +74,16 @@ def test_bench_precision_small_prints_ratios_and_peak_shares():
         m = re.search(rf"^{name}: (\d+\.\d+) GFLOP per \w+; fp32 .* of its peak\); bf16 .* of its peak\)$", out, re.M)
         assert m and float(m.group(1)) > 0, out  # FLOPs counted from the model's shapes
         assert re.search(rf"^ratio {name} fp32/bf16 time: \d+\.\d+x", out, re.M), out
+
+
+def test_bench_compile_small_prints_eager_and_compiled_ratios():
+    import shutil
+
+    import pytest
+
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("torch.compile's CPU backend needs a C++ compiler")
+    out = _run("bench_compile.py", "--small", "--reps", "1")
+    for name in ("plan", "train"):
+        for p in ("fp32", "bf16"):
+            assert re.search(rf"^{name} {p}: eager \d+ ms, compiled \d+ ms \(eager/compiled \d+\.\d\dx; ", out, re.M), out
