@@ -535,7 +535,7 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
         "amendments": reg.get("amendments", []),
         "status": {"planned": len(planned), "done": len(done), "missing": missing,
                    "failed": {k: v.get("error") for k, v in failures.items() if k in missing},
-                   "complete": not missing},
+                   "complete": not missing, "stopped": reg.get("stopped")},
         "claims": claims_out,
         "ladder_comparisons": lrows,
         "groups": groups,

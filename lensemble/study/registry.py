@@ -309,6 +309,8 @@ def build_registry(spec, plan) -> dict:
         "schema_version": SCHEMA_VERSION,
         "study": spec.name,
         "description": spec.description,
+        # only when set, so the registries of studies that never stopped keep their hashes
+        **({"stopped": spec.stopped} if spec.stopped else {}),
         "design": {
             "seeds": list(spec.seeds),
             "pairing": claims[0]["pairing"],

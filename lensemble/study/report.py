@@ -138,14 +138,20 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
     an = registry["analysis"]
     design = registry["design"]
     lines = [f"# Study `{analysis['study']}`: claims, ablation ladder and sweeps", ""]
-    state = "complete" if st["complete"] else f"**partial**: {st['done']} of {st['planned']} runs done"
+    stopped = st.get("stopped") if not st["complete"] else None
+    state = ("complete" if st["complete"] else
+             f"**stopped** at {st['done']} of {st['planned']} runs" if stopped else
+             f"**partial**: {st['done']} of {st['planned']} runs done")
     lines += [
         f"Generated {analysis['generated_at']} from the run summaries in `runs/` (registry "
         f"`{(analysis.get('registry_hash') or '')[:12]}`, {len(analysis.get('amendments', []))} amendment(s)). "
         f"Status: {state}.",
         "",
     ]
-    if not st["complete"]:
+    if stopped:
+        lines += [f"> **Stopped** (registry amendment): {_esc(stopped)} Comparisons that needed the "
+                  f"{st['planned'] - st['done']} runs not run are inconclusive.", ""]
+    elif not st["complete"]:
         lines += ["> Missing runs make their comparisons inconclusive; rerun the same command to finish "
                   "(finished runs are skipped).", ""]
     if registry.get("description"):

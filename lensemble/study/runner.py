@@ -472,6 +472,9 @@ def run_study(
         say("  " + line)
     failed: dict[str, str] = {}
     executed = 0
+    if spec.stopped and todo and not plan_only:
+        say(f"  [bold]stopped[/]: {spec.stopped} ({len(todo)} planned runs will not run; the report says so)")
+        todo = []
     if not plan_only and todo:
         check_data(plan, done, todo)
         executed, failed = _execute(spec, plan, todo, len(done), study_dir, scratch_dir, progress=progress,

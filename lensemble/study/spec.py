@@ -169,9 +169,14 @@ class StudySpec(_Spec):
     evaluation: EvaluationSpec = EvaluationSpec()
     registry: RegistrySpec = RegistrySpec()
     cost_model: CostModel = CostModel()
+    stopped: str | None = Field(
+        None, description="why the study ends before all its planned runs (e.g. their inputs are lost): "
+        "set after runs only with --amend; no further run starts and the report says stopped, not partial")
 
     @model_validator(mode="after")
     def _check(self):
+        if self.stopped is not None and not self.stopped.strip():
+            raise ValueError("stopped must say why the study stops (a sentence), or be left out")
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.name):
             raise ValueError(f"study name {self.name!r}: use letters, digits, '.', '_' or '-'")
         if bad := [r for r in self.rungs if r not in RUNGS]:

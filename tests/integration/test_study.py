@@ -522,3 +522,33 @@ def test_first_moves_named_groups_ahead_without_touching_the_plan():
     assert runner._prioritised(todo, plan, []) == todo
     with pytest.raises(ConfigError, match="does not plan"):
         runner._prioritised(todo, plan, ["severty"])
+
+
+def test_warm_starts_are_kept_in_the_study_folder(tiny):
+    summaries = {p.stem: json.loads(p.read_text()) for p in (tiny["dir"] / "runs").glob("*.json")
+                 if not p.name.endswith(".failed.json")}
+    warm = {k: v for k, v in summaries.items() if v["kind"] == "warmstart"}
+    assert warm
+    for run_id, s in warm.items():
+        header = json.loads((tiny["dir"] / "warmstarts" / run_id / "header.json").read_text())
+        assert header["content_hash"] == s["checkpoint_hash"]
+
+
+def test_a_stopped_study_runs_nothing_more_and_its_report_says_why(tiny, tmp_path):
+    out = tmp_path / "results"
+    shutil.copytree(tiny["dir"], out / "tiny")
+    kw = {**tiny["kw"], "out": out, "scratch": tmp_path / "no-scratch"}
+    gone = next(p for p in sorted((out / "tiny" / "runs").glob("*.json"))
+                if json.loads(p.read_text())["kind"] != "warmstart")
+    gone.unlink()  # a planned run that is not done
+    reason = "study.stopped='Its inputs were lost with the machine.'"
+    with pytest.raises(ConfigError, match="amend"):  # stopping a registered study is an amendment
+        study_command(tiny["ov"] + [reason], **kw)
+    res = study_command(tiny["ov"] + [reason], amend="the inputs of the last runs are lost", **kw)
+    assert res.executed == 0 and not gone.exists() and not (tmp_path / "no-scratch").exists()
+    reg = yaml.safe_load((out / "tiny" / "registry.yaml").read_text())
+    assert reg["stopped"] == "Its inputs were lost with the machine."
+    md = (out / "tiny" / "report.md").read_text()
+    assert f"**stopped** at {res.planned - 1} of {res.planned} runs" in md
+    assert "Its inputs were lost with the machine." in md and "rerun the same command" not in md
+    assert "stopped" not in yaml.safe_load((tiny["dir"] / "registry.yaml").read_text())  # unset: no key
