@@ -72,7 +72,7 @@ _OBJECTIVE_ADDED_DEFAULTS = {"lambda_straight": 0.0, "lambda_rollout": 0.0, "lam
                              "sigreg_scope": "silo", "bn_scope": "batch", "summary_clips": 512}
 _EVAL_ADDED_DEFAULTS = {"goal_source": "expert", "cost": "l1", "reach_source": "public", "reach_aggregate": "final",
                         "reach_max_gap": 50, "reach_steps": 2000, "precision": DEFAULT_PRECISION}
-_DATA_ADDED_DEFAULTS = {"shared_homes": False}
+_DATA_ADDED_DEFAULTS = {"shared_homes": False, "expert": "scripted"}
 _FEDERATION_ADDED_DEFAULTS = {"bn_recalibration": "probe", "secure_aggregation": False, "secagg_clip_range": 8.0,
                               "secagg_bits": 24, "secagg_max_norm": None, "secagg_threshold": 2,
                               "update_norm_factor": 10.0, "update_max_norm": None, "aggregate": "mean", "trim": 1}
@@ -290,6 +290,12 @@ class DataConfig(_Section):
         "of agent.region) instead of a ConfigError",
     )
     random_action_share: float = Field(0.5, ge=0, le=1)
+    expert: Literal["scripted", "goal_pusher"] = Field(
+        "scripted",
+        description="the collection's expert: each env's scripted one (TwoRoom waypoints, PushT block seeker, "
+        "Reacher PD to poses), or goal_pusher (PushT only: pushes the block to a sequence of goal poses, "
+        "lensemble/envs/pusht_pusher.py). The strict protocol's goal expert is the scripted one either way",
+    )
     heldout_episodes: int = Field(10, ge=0, description="held-out episodes per silo (episode split)")
     probe_frames: int = Field(256, ge=1, description="|P|: public probe frames")
     public_episodes: int = Field(40, ge=0, description="public-corpus episodes (warm start data)")
@@ -492,6 +498,8 @@ class LensembleConfig(_Section):
                              "(its hidden width, e.g. 256)")
         if self.federation.min_participants > self.data.num_silos:
             raise ValueError("federation.min_participants exceeds data.num_silos")
+        if self.data.expert == "goal_pusher" and self.env.id != "swm/PushT-v1":
+            raise ValueError(f"data.expert=goal_pusher pushes PushT's block; env.id is {self.env.id}")
         if self.eval.goal_source == "dataset" and self.eval.goal_offset > self.data.steps_per_episode:
             # t0 + goal_offset must lie inside one behaviour episode of data.steps_per_episode steps
             raise ValueError(f"eval.goal_offset={self.eval.goal_offset} exceeds data.steps_per_episode="

@@ -60,16 +60,17 @@ def silo_folder(out_dir: str | Path, silo: int) -> Path:
 
 
 # ---------------------------------------------------------------------------------------- episodes
-def behaviour_policy(env, rng: np.random.Generator, random_share: float) -> MixedPolicy:
+def behaviour_policy(env, rng: np.random.Generator, random_share: float, expert: str = "scripted") -> MixedPolicy:
     """The policy that collects the data (the behaviour policy): the env's scripted expert with a
     per-episode noise std drawn from ``EXPERT_NOISE``, mixed with held random actions so that
     ``random_share`` of the steps are random in expectation. Every draw comes from ``rng``, the
     noise std first. The evaluation's dataset-goal protocol builds its held-out episodes with it."""
     noise = float(rng.uniform(*EXPERT_NOISE))
-    return MixedPolicy(make_expert(env, rng, noise), HeldRandomPolicy(rng), random_share, rng)
+    return MixedPolicy(make_expert(env, rng, noise, expert), HeldRandomPolicy(rng), random_share, rng)
 
 
-def collect_episode(env, seed: int, factors: dict, steps: int, random_share: float) -> dict:
+def collect_episode(env, seed: int, factors: dict, steps: int, random_share: float,
+                    expert: str = "scripted") -> dict:
     """Run one episode of ``steps`` actions on an :class:`~lensemble.envs.EnvAdapter`.
 
     ``seed`` seeds both the env reset and :func:`behaviour_policy`. The policy is causal, so the
@@ -78,7 +79,7 @@ def collect_episode(env, seed: int, factors: dict, steps: int, random_share: flo
     values, JSON-ready).
     """
     rng = np.random.default_rng(int(seed))
-    policy = behaviour_policy(env, rng, random_share)
+    policy = behaviour_policy(env, rng, random_share, expert)
     h = env.img_size
     obs = np.empty((steps + 1, h, h, 3), np.uint8)
     actions = np.empty((steps, env.info.action_dim), np.float32)
@@ -104,8 +105,8 @@ def _cached_env(env_id: str, img_size: int):
 
 
 def _run_task(task: tuple) -> dict:
-    env_id, img_size, seed, factors, steps, share = task
-    return collect_episode(_cached_env(env_id, img_size), seed, factors, steps, share)
+    env_id, img_size, seed, factors, steps, share, expert = task
+    return collect_episode(_cached_env(env_id, img_size), seed, factors, steps, share, expert)
 
 
 def _worker_setup() -> None:
@@ -152,7 +153,7 @@ def _groups(cfg, plan: SiloPlan) -> list[dict]:
     env_id, img, T, share = cfg.env.id, cfg.model.img_size, d.steps_per_episode, d.random_action_share
 
     def task(seed, index, steps=T):
-        return (env_id, img, seed, plan.factors(index), steps, share)
+        return (env_id, img, seed, plan.factors(index), steps, share, d.expert)
 
     groups = []
     for c in range(plan.num_silos):
@@ -236,7 +237,7 @@ def collect_silos(cfg, out_dir: str | Path, *, progress: bool = True, reuse: boo
         "img_size": cfg.model.img_size, "root_seed": cfg.root_seed, "factor": plan.factor,
         "severity": plan.severity, "num_silos": plan.num_silos,
         "steps_per_episode": cfg.data.steps_per_episode,
-        "random_action_share": cfg.data.random_action_share,
+        "random_action_share": cfg.data.random_action_share, "expert": cfg.data.expert,
         "silos": [{"silo": c, "folder": silo_folder(out_dir, c).name,
                    "home_values": [plan.values[i] for i in plan.home[c]],
                    "values": [plan.values[i] for i in sorted(plan.seen_by(c))],
@@ -278,7 +279,8 @@ def collect_silos(cfg, out_dir: str | Path, *, progress: bool = True, reuse: boo
 def _write_group(out_dir: Path, cfg, plan: SiloPlan, g: dict, episodes: list[dict], summary: dict) -> None:
     meta = {"env_id": cfg.env.id, "img_size": cfg.model.img_size, "silo": g["silo"], "split": g["split"],
             "factor": plan.factor, "root_seed": cfg.root_seed, "episode_seeds": g["seeds"],
-            "random_action_share": cfg.data.random_action_share, "format_version": _FORMAT_VERSION}
+            "random_action_share": cfg.data.random_action_share, "expert": cfg.data.expert,
+            "format_version": _FORMAT_VERSION}
     if g["kind"] == "probe":
         obs = np.stack([e["obs"] for e in episodes])
         probe_frames = frames_from_episodes(obs, cfg.data.probe_frames, PROBE_STRIDE)

@@ -15,6 +15,9 @@ episode is a pure function of its seed. Call ``policy.reset(env)`` at the start 
 - Reacher expert: a joint-space PD controller (torque = k_p·Δq − k_d·q̇, clipped) steered to
   random poses; a fresh pose is drawn when every joint is within 0.1 rad of it or after 30 steps,
   so an episode sweeps the arm through many poses (the goals are poses too).
+- PushT goal pusher (``data.expert=goal_pusher``): pushes the block to a sequence of random goal
+  poses (:mod:`lensemble.envs.pusht_pusher`), goal-directed demonstrations like the published
+  datasets'.
 - Held random: uniform actions, each held for 1..``max_hold`` steps (smooth, exploratory motion).
 - Mixed: segments of 1..10 steps, each random with probability ``random_share`` and otherwise
   noisy expert, so ``random_share`` is the expected fraction of random steps.
@@ -25,7 +28,9 @@ from __future__ import annotations
 import numpy as np
 
 from lensemble.envs.adapter import PUSHT, REACHER, TWOROOM, EnvAdapter
+from lensemble.envs.pusht_pusher import PushTGoalPusherExpert
 from lensemble.envs.reacher import pose_difference, pose_error
+from lensemble.errors import ConfigError
 
 
 class HeldRandomPolicy:
@@ -146,8 +151,16 @@ class ReacherExpert:
         return np.clip(action, -1.0, 1.0).astype(np.float32)
 
 
-def make_expert(env: EnvAdapter, rng: np.random.Generator, noise: float = 0.0):
-    """The scripted expert of ``env`` (see the module docstring)."""
+def make_expert(env: EnvAdapter, rng: np.random.Generator, noise: float = 0.0, kind: str = "scripted"):
+    """The scripted expert of ``env`` (see the module docstring), or ``kind="goal_pusher"`` on PushT
+    (:class:`lensemble.envs.pusht_pusher.PushTGoalPusherExpert`; ``data.expert``)."""
+    if kind == "goal_pusher":
+        if env.env_id != PUSHT:
+            raise ConfigError(f"data.expert=goal_pusher pushes PushT's block; this env is {env.env_id}",
+                              remediation="use data.expert=scripted, or env=pusht")
+        return PushTGoalPusherExpert(rng, noise)
+    if kind != "scripted":
+        raise ConfigError(f"unknown expert {kind!r}", remediation="data.expert: scripted or goal_pusher")
     if env.env_id == TWOROOM:
         return TwoRoomExpert(rng, noise)
     if env.env_id == PUSHT:

@@ -246,7 +246,7 @@ def evaluate(
         raise ConfigError(f"parallel must be a positive integer, got {parallel!r}")
     n = int(episodes if episodes is not None else eval_cfg.episodes)
     goals = GoalProtocol(eval_cfg.goal_source, eval_cfg.goal_offset, cfg.data.steps_per_episode,
-                         cfg.data.random_action_share)  # checked here, before the checkpoint is read
+                         cfg.data.random_action_share, cfg.data.expert)  # checked here, before the checkpoint is read
 
     ckpt = load_checkpoint(checkpoint)  # verifies the content hash before anything is returned
     own_env = checkpoint_env(ckpt)

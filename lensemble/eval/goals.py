@@ -85,6 +85,7 @@ class GoalProtocol:
     goal_offset: int = 25
     episode_steps: int = 100
     random_share: float = 0.5
+    expert: str = "scripted"  # the collection's data.expert, which the dataset protocol's episodes replay
 
     def __post_init__(self):
         if self.source not in GOAL_SOURCES:
@@ -101,7 +102,7 @@ class GoalProtocol:
     def from_config(cls, cfg) -> "GoalProtocol":
         """The protocol of a :class:`~lensemble.config.schema.LensembleConfig` (its eval and data sections)."""
         return cls(cfg.eval.goal_source, cfg.eval.goal_offset, cfg.data.steps_per_episode,
-                   cfg.data.random_action_share)
+                   cfg.data.random_action_share, cfg.data.expert)
 
     @classmethod
     def from_eval(cls, eval_cfg) -> "GoalProtocol":
@@ -155,14 +156,15 @@ def dataset_start_time(spec_seed: int, goal_offset: int, episode_steps: int) -> 
 
 
 def pose_dataset_goal(env, spec: EpisodeSpec, goal_offset: int, episode_steps: int,
-                      random_share: float) -> tuple[np.ndarray, np.ndarray, int]:
+                      random_share: float, expert: str = "scripted") -> tuple[np.ndarray, np.ndarray, int]:
     """The dataset-goal protocol (module docstring). Returns (start frame, goal image, t0).
 
     Only the first t0 + goal_offset steps of the behaviour episode are run: the policy is causal,
     so they are those of the full ``episode_steps``-step episode.
     """
     t0 = dataset_start_time(spec.seed, goal_offset, episode_steps)
-    ep = collect_episode(env, dataset_episode_seed(spec.seed), spec.factors, t0 + goal_offset, random_share)
+    ep = collect_episode(env, dataset_episode_seed(spec.seed), spec.factors, t0 + goal_offset, random_share,
+                         expert)
     env.set_goal_state(ep["state"][t0 + goal_offset])
     env.set_state(ep["state"][t0])
     return env.render(), env.goal_image(), t0
@@ -183,7 +185,7 @@ def pose_task(env, spec: EpisodeSpec, protocol: GoalProtocol, eval_seed: int) ->
         start, goal = pose_goal(env, spec, protocol.goal_offset, eval_seed)
     else:
         start, goal, t0 = pose_dataset_goal(env, spec, protocol.goal_offset, protocol.episode_steps,
-                                            protocol.random_share)
+                                            protocol.random_share, protocol.expert)
     return PosedTask(start, goal, goal_crosses_wall(env), t0)
 
 

@@ -80,3 +80,36 @@ def test_episode_is_a_function_of_its_seed():
     for k in ("obs", "actions", "state"):
         assert np.array_equal(a[k], b[k])
     assert not np.array_equal(a["actions"], c["actions"])
+
+
+def test_goal_pusher_collects_pusht_episodes_that_move_the_block_and_keys_them_apart(tmp_path):
+    from lensemble.data.collect import _collection_key as collection_key
+
+    base = {"env": {"id": "swm/PushT-v1"}, "model": {"img_size": 32, "patch_size": 8},
+            "federation": {"min_participants": 1},
+            "data": {"num_silos": 1, "episodes_per_silo": 1, "steps_per_episode": 12, "heldout_episodes": 0,
+                     "probe_frames": 4, "public_episodes": 1, "workers": 1, "partition_factor": "agent.color",
+                     "random_action_share": 0.0}}
+    scripted = LensembleConfig.model_validate(base)
+    pusher = LensembleConfig.model_validate({**base, "data": {**base["data"], "expert": "goal_pusher"}})
+    assert "expert" not in scripted.data.model_dump()  # the default stays out of the dump: old keys hold
+    assert collection_key(scripted) != collection_key(pusher)
+    env = make_env("swm/PushT-v1", img_size=16)
+    ep = collect_episode(env, 5, {}, 60, 0.0, "goal_pusher")
+    again = collect_episode(env, 5, {}, 60, 0.0, "goal_pusher")
+    np.testing.assert_array_equal(ep["actions"], again["actions"])
+    moved = np.linalg.norm(ep["state"][-1, 2:4] - ep["state"][0, 2:4]) + abs(ep["state"][-1, 4] - ep["state"][0, 4])
+    assert moved > 1.0, "the pusher reached and moved the block within 60 steps"
+    summary = collect_silos(pusher, tmp_path, progress=False)
+    assert summary["expert"] == "goal_pusher"
+
+
+def test_goal_pusher_is_refused_outside_pusht():
+    with pytest.raises(ValueError, match="goal_pusher pushes PushT"):
+        LensembleConfig.model_validate({"data": {"expert": "goal_pusher"}})
+    from lensemble.envs.policies import make_expert
+
+    env = make_env("swm/TwoRoom-v1", img_size=16)
+    env.reset(0)
+    with pytest.raises(Exception, match="goal_pusher pushes PushT"):
+        make_expert(env, np.random.default_rng(0), 0.0, "goal_pusher")
