@@ -24,9 +24,11 @@ turns the block toward the goal angle while it travels. Each call:
 The relative action is (target − agent) / 100 px (the env's action scale), clipped to [−1, 1].
 
 Tuned on the env's own tasks (reset seeds 100-139, noise-free, success = the env's rule within
-300 env steps; /tmp grid over k_rot ∈ {20, 40, 80}, push steps ∈ {2, 4, 8, 12, 16}, standoff ∈
-{85, 95}): 36/40 at k_rot 40, 8 push steps, standoff 95; 2/30 at 2 push steps (it turns back before
-the push lands). ``tests/unit/test_pusht_pusher.py`` holds the known-answer cases.
+300 env steps; ``examples/pusht_pusher_check.py --grid``: k_rot ∈ {20, 40, 80}, push steps ∈ {2, 4,
+8, 12, 16}, standoff ∈ {85, 95}): 36/40 at k_rot 40, 8 push steps, standoff 95, against 1/40 with
+the torque sign flipped, 3/40 without turning and 2/40 for the block seeker
+(``examples/pusht_pusher_check.py``); 2 push steps solve almost nothing (it turns back before the
+push lands). ``tests/unit/test_pusht_pusher.py`` holds the known-answer cases.
 
 As a collection expert (``data.expert=goal_pusher``) it pursues a sequence of goal poses drawn from
 its own generator (position uniform in [``GOAL_LOW``, ``GOAL_HIGH``]² px, angle uniform), a fresh
