@@ -69,13 +69,15 @@ def test_full_study_runs_every_planned_run_once(tiny):
     # The severity sweep's value 1.0 is the ladder's own setting: those runs are shared, not redone.
     sev = plan["groups"]["severity"]["1.0"]["arms"]
     assert sev["anchor"]["0"] == ["anchor-s0"] and sev["central"]["1"] == ["central-s1"]
-    # Summaries are small, hold hashes and metrics, and no checkpoint or data lives in docs/results.
+    # Summaries are small, hold hashes and metrics; the only checkpoints in docs/results are the kept
+    # warm starts (public data; lensemble/study/warmstarts.py), and no data lives there.
     s = json.loads((d / "runs" / "anchor-s0.json").read_text())
     for key in ("config_hash", "manifest_hash", "checkpoint_hash", "warmstart_hash", "probe_hash", "spec_hash"):
         assert isinstance(s[key], str) and len(s[key]) == 64, key
     assert len(s["rounds"]) == 2 and "gauge/global_effective_dim" in s["rounds"][-1]
     assert 0.0 <= s["eval"]["success_rate"] <= 1.0 and s["eval"]["n_episodes"] == 2
-    assert not list(d.rglob("*.safetensors")) and not list(d.rglob("*.npz"))
+    weights = sorted(p.relative_to(d).parts[:2] for p in d.rglob("*.safetensors"))
+    assert weights == [("warmstarts", "warmstart")] and not list(d.rglob("*.npz")), weights
     # The code commit comes from the run's own manifest (40 hex digits, "+dirty" when edited).
     assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?|unknown", s["git_sha"]), s["git_sha"]
     # Every episode is recorded, and every arm of a seed played the same ones (one goal spec).
