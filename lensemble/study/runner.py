@@ -87,6 +87,13 @@ def _manifest_git_sha(run_dir: Path) -> str | None:
     return json.loads(path.read_text()).get("git_sha")
 
 
+def study_engine(cfg) -> str:
+    """The engine a study's federated run uses: the no-Flower one (same rounds, no threads or
+    messages to pay for), except where only Flower can run the protocol: SecAgg+ runs as its real
+    ClientApp and ServerApp mods on the in-process grid (the in-process engine refuses it)."""
+    return "flower-inprocess" if cfg.federation.secure_aggregation else "inprocess"
+
+
 # ================================================================================== one run
 class _Runner:
     """Executes planned runs into scratch folders and writes their summaries."""
@@ -178,7 +185,7 @@ class _Runner:
             ckpt = res.checkpoint_dir
         else:
             cfg = load_config(run.overrides + [f"run_dir={rd}", f"federation.warmstart={ws}"])
-            fed = run_federated_simulation(cfg, rd, engine="inprocess", progress=False)
+            fed = run_federated_simulation(cfg, rd, engine=study_engine(cfg), progress=False)
             manifest = RunManifest.model_validate_json((rd / "manifest.json").read_text())
             ckpt = fed["final_checkpoint"]
             summary.update({
