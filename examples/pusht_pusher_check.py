@@ -58,15 +58,11 @@ def main() -> int:
     seeds = range(args.first_seed, args.first_seed + args.tasks)
     print(f"PushT, reset seeds {seeds.start}-{seeds.stop - 1}, up to {args.steps} env steps, noise-free")
     if args.grid:
-        import lensemble.envs.pusht_pusher as pp
-
-        default_standoff = pp.STANDOFF
         for k, steps, standoff in itertools.product([20, 40, 80], [2, 4, 8, 12, 16], [85, 95]):
-            pp.STANDOFF = standoff  # module constant read at each call
-            hits, _, end = score(env, lambda g, k=k, n=steps: GoalPusher(g, k_rot=k, push_steps=n).act, seeds,
-                                 args.steps)
+            def make(g, k=k, n=steps, so=standoff):
+                return GoalPusher(g, k_rot=k, push_steps=n, standoff=so).act
+            hits, _, end = score(env, make, seeds, args.steps)
             print(f"k_rot {k:3d}  push steps {steps:2d}  standoff {standoff}: {hits}/{args.tasks}, end error {end:.2f}")
-        pp.STANDOFF = default_standoff
         return 0
     rng = np.random.default_rng(0)
     arms = {

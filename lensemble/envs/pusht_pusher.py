@@ -48,7 +48,7 @@ STANDOFF = 95.0         # px from the centre of mass to the pre-contact point (T
 ORBIT = 115.0           # px: the radius the agent circles the block at
 PUSH_STEPS = 8          # env steps of pushing once in place
 PUSH_REACH = 40.0       # px: the relative target while pushing
-SUCCESS_PX, SUCCESS_RAD = 20.0, math.pi / 9   # PushTEnv.eval_state
+SUCCESS_PX, SUCCESS_RAD = 20.0, math.pi / 9   # PushTEnv.eval_state's rule (its one home here)
 GOAL_LOW, GOAL_HIGH = 120.0, 392.0            # px: goal positions keep the T inside the 512 px canvas
 PATIENCE = 150          # env steps before a goal is given up
 ACTION_SCALE = 100.0    # px per unit action (PushTEnv.action_scale)
@@ -83,9 +83,10 @@ class GoalPusher:
     Stateful only in its push counter; ``act(state)`` returns the relative action (2,) float32.
     """
 
-    def __init__(self, goal=None, *, k_rot: float = K_ROT, push_steps: int = PUSH_STEPS):
+    def __init__(self, goal=None, *, k_rot: float = K_ROT, push_steps: int = PUSH_STEPS,
+                 standoff: float = STANDOFF):
         self.goal = None if goal is None else np.asarray(goal, float)
-        self.k_rot, self.push_steps = float(k_rot), int(push_steps)
+        self.k_rot, self.push_steps, self.standoff = float(k_rot), int(push_steps), float(standoff)
         self._pushing = 0
 
     def reset(self) -> None:
@@ -103,7 +104,7 @@ class GoalPusher:
         u = e_p / dist if dist > 8.0 else np.array([1.0, 0.0])
         v = np.array([-u[1], u[0]])
         offset = float(np.clip(-self.k_rot * e_th, -MAX_OFFSET, MAX_OFFSET))
-        pre = com - STANDOFF * u + offset * v
+        pre = com - self.standoff * u + offset * v
         if self._pushing > 0:
             self._pushing -= 1
             target = agent + PUSH_REACH * u

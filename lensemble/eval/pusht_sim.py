@@ -29,16 +29,16 @@ episode, ≈ 80 s on one loaded core (``benchmarks/bench_pusht_oracle.py``: 1.78
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import pymunk
 import torch
 
+from lensemble.envs.pusht_pusher import SUCCESS_PX, SUCCESS_RAD
+
 # Success: ‖Δ(agent, block)‖ < 20 px and |Δθ| < π/9 (stable-worldmodel 0.1.1 PushTEnv.eval_state).
-POSITION_TOLERANCE_PX = 20.0
-ANGLE_TOLERANCE_RAD = math.pi / 9
+POSITION_TOLERANCE_PX, ANGLE_TOLERANCE_RAD = SUCCESS_PX, SUCCESS_RAD
 ANGLE_SCALE_PX = POSITION_TOLERANCE_PX / ANGLE_TOLERANCE_RAD  # px per rad: one threshold costs one threshold
 EMBED_DIM = 6
 
