@@ -49,14 +49,14 @@ def compiled_plan_calls(cfg, model, envs: int, samples: int, iterations: int) ->
     return out
 
 
+def _compile_modules(model) -> None:
+    model.encoder.compile(dynamic=False)
+    model.predictor.compile(dynamic=False)
+
+
 def compiled_train_calls(cfg, state: dict) -> dict:
     """``train_calls`` whose loops run a compiled encoder and predictor."""
-    calls = train_calls(cfg, state)
-    for call in calls.values():
-        loop = call.__defaults__[0]  # train_calls binds its InnerLoop as the lambda's first default
-        loop.model.encoder.compile(dynamic=False)
-        loop.model.predictor.compile(dynamic=False)
-    return calls
+    return train_calls(cfg, state, prepare=_compile_modules)
 
 
 def compare(name: str, eager: dict, compiled: dict, reps: int) -> None:
@@ -66,8 +66,7 @@ def compare(name: str, eager: dict, compiled: dict, reps: int) -> None:
         fn(), fn()
         warm[p] = time.perf_counter() - t0
     fns = {**{f"{p}": f for p, f in eager.items()}, **{f"{p}+compile": f for p, f in compiled.items()}}
-    with torch.no_grad() if name == "plan" else torch.enable_grad():
-        times = {k: 1000 * statistics.median(v) for k, v in interleaved(fns, reps).items()}
+    times = {k: 1000 * statistics.median(v) for k, v in interleaved(fns, reps).items()}
     for p in eager:
         print(f"{name} {p}: eager {times[p]:.0f} ms, compiled {times[p + '+compile']:.0f} ms "
               f"(eager/compiled {times[p] / times[p + '+compile']:.2f}x; first two calls {warm[p]:.0f} s)")

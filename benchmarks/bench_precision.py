@@ -100,8 +100,9 @@ def synthetic_sampler(cfg, episodes: int = 8) -> ClipSampler:
     return ClipSampler(eps, cfg.train.clip_len, cfg.model.action_block)
 
 
-def train_calls(cfg, model_state) -> dict:
-    """One InnerLoop per precision, same initial weights and batch stream; a call is one step."""
+def train_calls(cfg, model_state, prepare=None) -> dict:
+    """One InnerLoop per precision, same initial weights and batch stream; a call is one step.
+    ``prepare(model)``, when given, runs on each model before its loop is built (bench_compile.py)."""
     sampler = synthetic_sampler(cfg)
     d, s = cfg.model.latent_dim, cfg.objective.sigreg_directions
     fns = {}
@@ -109,6 +110,8 @@ def train_calls(cfg, model_state) -> dict:
         pcfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"precision": p, "warmup_steps": 0})})
         model = build_world_model(cfg.model, init_seed=0)
         model.load_state_dict(model_state)
+        if prepare is not None:
+            prepare(model)
         loop = InnerLoop(model, pcfg, sampler)
         gen = torch.Generator().manual_seed(0)
         sketch = sketch_for_step(cfg.root_seed, 0, d, s)

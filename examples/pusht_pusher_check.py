@@ -21,26 +21,17 @@ import numpy as np
 from lensemble.envs.adapter import make_env
 from lensemble.envs.factors import PUSHT
 from lensemble.envs.policies import PushTExpert
-from lensemble.envs.pusht_pusher import GoalPusher, pose_error, reached
+from lensemble.envs.pusht_pusher import GoalPusher, pursue
 
 
 def score(env, make_act, seeds, steps: int) -> tuple[int, float, float]:
     """(successes, mean start error, mean end error) in threshold units over ``seeds``."""
-    u = env.unwrapped
     hits, starts, ends = 0, [], []
     for seed in seeds:
         env.reset(seed)
-        s = env.state()
-        goal = np.asarray(u.goal_pose, float)
-        act = make_act(goal)
-        starts.append(pose_error(s, goal))
-        for _ in range(steps):
-            u.step(act(s))
-            s = env.state()
-            if reached(s, goal):
-                hits += 1
-                break
-        ends.append(pose_error(s, goal))
+        goal = np.asarray(env.unwrapped.goal_pose, float)
+        start, end, hit = pursue(env, make_act(goal), goal, steps)
+        hits, starts, ends = hits + hit, starts + [start], ends + [end]
 
     def units(e):
         return float(np.mean([dp / 20.0 + dth / (math.pi / 9) for dp, dth in e]))

@@ -41,6 +41,8 @@ import math
 
 import numpy as np
 
+from lensemble.envs.reacher import wrap_angle  # the one angle wrap of the envs (numpy, [−π, π))
+
 COM_OFFSET = np.array([0.0, 45.0])  # px, body frame: the T's centre of mass from its origin
 K_ROT = 40.0            # px of lateral offset per rad of angle error
 MAX_OFFSET = 45.0       # px: beyond this the agent would push the T's bar tip, not its body
@@ -59,22 +61,31 @@ def _rotation(theta: float) -> np.ndarray:
     return np.array([[c, -s], [s, c]])
 
 
-def wrap_angle(a: float) -> float:
-    """``a`` wrapped to [−π, π)."""
-    return (a + math.pi) % (2 * math.pi) - math.pi
-
-
-def pose_error(state, goal) -> tuple[float, float]:
+def block_pose_error(state, goal) -> tuple[float, float]:
     """(px between the block's origin and the goal's, |Δθ| in rad) for a PushT state and a goal
     pose (x, y, θ): what the env's success rule compares (< 20 px and < π/9)."""
     s, g = np.asarray(state, float), np.asarray(goal, float)
-    return float(np.linalg.norm(g[:2] - s[2:4])), abs(wrap_angle(g[2] - s[4]))
+    return float(np.linalg.norm(g[:2] - s[2:4])), abs(float(wrap_angle(g[2] - s[4])))
 
 
 def reached(state, goal) -> bool:
     """The env's success rule for ``goal``."""
-    dp, dth = pose_error(state, goal)
+    dp, dth = block_pose_error(state, goal)
     return dp < SUCCESS_PX and dth < SUCCESS_RAD
+
+
+def pursue(env, act, goal, steps: int) -> tuple[tuple[float, float], tuple[float, float], bool]:
+    """Step the raw PushT env (physics and state, no frame drawn) with ``act(state) -> action``
+    toward ``goal`` for at most ``steps`` env steps, stopping at success. Returns (start error, end
+    error, reached) with the errors of :func:`block_pose_error`. The pusher's check and tests use it."""
+    s = env.state()
+    start = block_pose_error(s, goal)
+    for _ in range(steps):
+        env.unwrapped.step(act(s))
+        s = env.state()
+        if reached(s, goal):
+            return start, block_pose_error(s, goal), True
+    return start, block_pose_error(s, goal), False
 
 
 class GoalPusher:
@@ -97,7 +108,7 @@ class GoalPusher:
         agent, origin, theta = s[:2], s[2:4], float(s[4])
         com = origin + _rotation(theta) @ COM_OFFSET
         e_p = self.goal[:2] - origin
-        e_th = wrap_angle(self.goal[2] - theta)
+        e_th = float(wrap_angle(self.goal[2] - theta))
         dist = float(np.linalg.norm(e_p))
         # Near the goal position only the angle is left: push along a fixed axis (the turn it
         # makes moves the block, and the next calls bring it back).
@@ -113,10 +124,11 @@ class GoalPusher:
             target = agent + PUSH_REACH * u
         else:
             r_agent, r_pre = agent - com, pre - com
-            turn = wrap_angle(math.atan2(r_pre[1], r_pre[0]) - math.atan2(r_agent[1], r_agent[0]))
+            at = math.atan2(r_agent[1], r_agent[0])  # the agent's bearing around the block
+            turn = float(wrap_angle(math.atan2(r_pre[1], r_pre[0]) - at))
             if abs(turn) > math.radians(35) or np.linalg.norm(r_agent) < 80.0:
                 step = math.copysign(min(abs(turn), math.radians(40)), turn)
-                angle = math.atan2(r_agent[1], r_agent[0]) + step
+                angle = at + step
                 target = com + ORBIT * np.array([math.cos(angle), math.sin(angle)])
             else:
                 target = pre

@@ -12,7 +12,8 @@ import pytest
 from lensemble.envs.adapter import make_env
 from lensemble.envs.factors import PUSHT
 from lensemble.envs.policies import PushTExpert
-from lensemble.envs.pusht_pusher import GoalPusher, PushTGoalPusherExpert, pose_error, reached, wrap_angle
+from lensemble.envs.pusht_pusher import GoalPusher, PushTGoalPusherExpert, pursue, reached
+from lensemble.envs.reacher import wrap_angle
 
 SEEDS = range(100, 120)  # the env's own start and goal poses
 STEPS = 300
@@ -25,21 +26,11 @@ def env():
 
 def _episodes(env, make_policy, seeds=SEEDS, goal_of=None):
     """Per task: (start error, end error, success) with the env stepped without rendering."""
-    u = env.unwrapped
     out = []
     for seed in seeds:
         env.reset(seed)
-        s = env.state()
-        goal = goal_of(s) if goal_of else np.asarray(u.goal_pose, float)
-        act = make_policy(goal)
-        start, hit = pose_error(s, goal), False
-        for _ in range(STEPS):
-            u.step(act(s))  # the raw env: physics and state, no frame drawn
-            s = env.state()
-            if reached(s, goal):
-                hit = True
-                break
-        out.append((start, pose_error(s, goal), hit))
+        goal = goal_of(env.state()) if goal_of else np.asarray(env.unwrapped.goal_pose, float)
+        out.append(pursue(env, make_policy(goal), goal, STEPS))
     return out
 
 

@@ -105,13 +105,3 @@ def test_a_lost_warm_start_that_retrains_differently_is_refused_naming_the_machi
     assert "Intel(R) Xeon(R) Processor" in text and "AMD EPYC" in text and "not bit-identical" in text
     assert not warmstarts.kept_path(study, "warmstart-s0").exists()  # the differing one is not kept
 
-
-def test_secure_aggregation_runs_go_through_flower_the_rest_through_the_inprocess_engine():
-    # The pooled-sweeps study's SecAgg+ runs failed on the in-process engine, which refuses them.
-    from lensemble.config import load_config
-    from lensemble.federation.simulation import ENGINES
-    from lensemble.study.runner import study_engine
-
-    assert study_engine(load_config(["experiment=micro"])) == "inprocess"
-    secagg = load_config(["experiment=micro", "federation.secure_aggregation=true"])
-    assert study_engine(secagg) == "flower-inprocess" and "flower-inprocess" in ENGINES
