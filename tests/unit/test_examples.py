@@ -26,7 +26,8 @@ def _example(name: str):
                                     "seed_spread.py", "bn_source_diagnostic.py", "remeasure_drift.py",
                                     "outer_step_diagnostic.py", "pooled_objective_pilot.py", "pooled_study_power.py",
                                     "study_seed_table.py", "reacher_pose_resolution.py", "bf16_training_success.py",
-                                    "planner_budget_pilot.py", "pusht_pusher_check.py"])
+                                    "planner_budget_pilot.py", "pusht_pusher_check.py",
+                                    "predictor_history.py"])
 def test_example_imports_and_shows_its_help(script):
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--help"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
@@ -235,3 +236,31 @@ def test_pose_resolution_recovers_a_known_encoder_and_places_an_error_on_its_cur
     # an error equal to the curve at 0.1 rad reads as 0.1 rad; outside the probed range, None
     assert mod.pose_equivalent(med[1], deltas, med) == pytest.approx(0.1)
     assert mod.pose_equivalent(10 * med[-1], deltas, med) is None
+
+
+class _VelocityPredictor:
+    """A known predictor: extrapolates z_t + (z_t − z_{t−1}) when it sees two latents, else copies."""
+
+    history = 3
+
+    def rollout(self, z_hist, actions, past_actions=None):
+        nxt = z_hist[:, -1] if z_hist.shape[1] < 2 else 2 * z_hist[:, -1] - z_hist[:, -2]
+        return nxt[:, None].expand(-1, actions.shape[1], -1)
+
+
+def test_history_diagnostic_sees_velocity_only_with_two_latents():
+    import torch
+
+    mod = _example("predictor_history")
+    # constant-velocity latents: z_t = z_0 + t·v, so extrapolating from 2+ latents is exact and
+    # copying (the k = 1 rule) misses by |v|² per step
+    e, n, d = 3, 6, 4
+    v = torch.arange(1.0, d + 1)
+    z = torch.zeros(e, n + 1, d) + torch.arange(n + 1.0)[None, :, None] * v
+    err, copy = mod.errors_by_history(_VelocityPredictor(), z, torch.zeros(e, n, 2))
+    assert err.shape == (3, e, n - 2) and copy.shape == (e, n - 2)
+    per_dim = float((v ** 2).mean())
+    assert np.allclose(err[0], per_dim) and np.allclose(copy, per_dim)
+    assert np.allclose(err[1], 0) and np.allclose(err[2], 0)
+    with pytest.raises(ValueError, match="shorter than the history"):
+        mod.errors_by_history(_VelocityPredictor(), z[:, :3], torch.zeros(e, 2, 2))
