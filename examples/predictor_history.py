@@ -6,8 +6,9 @@ predicts as if the scene were at rest, and its error grows with the speed of the
 the limit to remove before more data, width or steps (issue 35: Reacher's predictor misses goal
 poses by about six times the success tolerance, docs/model.md).
 
-On ``--episodes`` fresh episodes of the behaviour policy (seeds from 10 000, held out from every
-training collection, default factor values), encoded at the model's action block:
+On ``--episodes`` fresh episodes of the behaviour policy (the held-out episodes behind the
+dataset-goal protocol's tasks 0, 1, …: ``goals.dataset_episode_seed``, a seed label no training
+collection uses; default factor values), encoded at the model's action block:
 
 * **by history** — the teacher-forced one-step MSE (the ladder's unit) of predicting z_{t+1} from
   the last k true latents, k = 1..W, over the SAME targets (t ≥ W − 1, so every k has its history),
@@ -24,9 +25,6 @@ import argparse
 
 import numpy as np
 import torch
-
-#: held-out episode seeds start here (training collections use root-seed-derived seeds far below)
-HELDOUT_SEED = 10_000
 
 
 @torch.no_grad()
@@ -66,6 +64,7 @@ def main(argv=None) -> int:
     from lensemble.config.schema import DataConfig
     from lensemble.data.collect import collect_episode
     from lensemble.envs.adapter import make_env
+    from lensemble.eval.goals import dataset_episode_seed
     from lensemble.eval.ladder import latent_sequences
     from lensemble.model.world_model import world_model_from_state
 
@@ -75,7 +74,7 @@ def main(argv=None) -> int:
     steps = args.steps or data.steps_per_episode
     env = make_env(args.env, model.cfg.img_size)
     try:
-        eps = [collect_episode(env, HELDOUT_SEED + i, {}, steps, data.random_action_share, args.expert)
+        eps = [collect_episode(env, dataset_episode_seed(i), {}, steps, data.random_action_share, args.expert)
                for i in range(args.episodes)]
     finally:
         env.close()
