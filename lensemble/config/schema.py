@@ -75,7 +75,9 @@ _EVAL_ADDED_DEFAULTS = {"goal_source": "expert", "cost": "l1", "reach_source": "
 _DATA_ADDED_DEFAULTS = {"shared_homes": False, "expert": "scripted"}
 _FEDERATION_ADDED_DEFAULTS = {"bn_recalibration": "probe", "secure_aggregation": False, "secagg_clip_range": 8.0,
                               "secagg_bits": 24, "secagg_max_norm": None, "secagg_threshold": 2,
-                              "update_norm_factor": 10.0, "update_max_norm": None, "aggregate": "mean", "trim": 1}
+                              "update_norm_factor": 10.0, "update_max_norm": None, "aggregate": "mean", "trim": 1,
+                              "update_norm_floor": 0.5, "update_min_cosine": 0.0,
+                              "summary_max_abs": 1e3}
 
 
 class ModelConfig(_Section):
@@ -385,6 +387,22 @@ class FederationConfig(_Section):
         "robust ones need individual updates (not under secure_aggregation)")
     trim: int = Field(1, ge=1, description="aggregate=trimmed_mean: values dropped at each end per coordinate; "
                       "a round then needs >= 2·trim + 1 accepted updates")
+    # [robust] issue 47: a floor on the norm bound that no participant can lower, and a direction screen.
+    # 0.5: 2x the largest honest fraction of the step bound measured (0.23, micro, backstop rung).
+    update_norm_floor: float | None = Field(0.5, gt=0, le=1, description="the round's norm bound is never below "
+                                            "this fraction of the step bound (config and global alone, so a "
+                                            "participant sending a near-zero update cannot get the others dropped); "
+                                            "the step bound itself under DP; None: no floor")
+    # 0.0: honest updates' agreement scores measured >= 0.055 (micro, rungs 1, 3, 5), a -9x flipped one's <= -0.009.
+    update_min_cosine: float | None = Field(0.0, ge=-1, lt=1, description="direction screen: with >= 3 updates "
+                                            "each must have a cosine >= this with at least ⌈(C-1)/2⌉ of the others; "
+                                            "with 2, a pair whose mean turns against one of them is dropped; off "
+                                            "under DP and secure aggregation; None: off")
+    # 1e3: honest summary values measured <= 1.8 (micro: BatchNorm input means 1.8, projection means 0.85).
+    summary_max_abs: float = Field(1e3, gt=0, description="M: on the plaintext path a pooled-objective summary's "
+                                   "projection means and BatchNorm input means and variances must lie in [-M, M] "
+                                   "(squared means <= M²), besides |ECF| <= 1 and variances >= 0 "
+                                   "(federation/summary_checks.py); the SecAgg+ path uses secagg_clip_range")
 
     @model_serializer(mode="wrap")
     def _omit_added_defaults(self, handler):

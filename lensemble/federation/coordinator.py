@@ -40,7 +40,14 @@ from lensemble.federation.global_cache import cache_config, global_digest
 from lensemble.federation.locks import lock_folder
 from lensemble.federation.messages import Reply, participant_id
 from lensemble.federation.outer import OuterOptimizer
-from lensemble.federation.pooling import MEMBERS, SUMMARY_PHASE, close_secure_summaries, close_summaries
+from lensemble.federation.pooling import (
+    MEMBERS,
+    MOMENTS_PHASE,
+    SUMMARY_PHASE,
+    close_secure_summaries,
+    close_summaries,
+    needs_moments_first,
+)
 from lensemble.federation.privacy import PrivacyLedger, ReleaseTally
 from lensemble.federation.pseudograd import Layout
 from lensemble.federation.robust import (
@@ -129,6 +136,7 @@ class Coordinator:
         self.tally = ReleaseTally(self.run_dir / "privacy.json", cfg.data.num_silos) if self.ledger else None
         self.history: list[dict] = []
         self._summary_metrics: dict | None = None  # the open round's summary ask (pooled objective)
+        self._summary_round: int | None = None  # the round _summary_metrics belong to
         self._summary_members: tuple[int, list[str]] | None = None  # (round, who kept its global)
         self._resume_or_start({k: v for k, v in warm.tensors.items()})
         self._check_or_write_manifest()
@@ -270,13 +278,31 @@ class Coordinator:
         """Whether each round starts with the summary ask (objective.sigreg_scope / bn_scope = pooled)."""
         return pools_anything(self.cfg)
 
+    @property
+    def moments_first(self) -> bool:
+        """Whether each round's summary ask is preceded by the moments ask (SIGReg and BatchNorm
+        both pooled: the ECF summaries are encoded under the round's pooled moments)."""
+        return needs_moments_first(self.cfg)
+
     def summary_config(self, t: int) -> dict:
         return {**self.round_config(t), "phase": SUMMARY_PHASE}
 
+    def moments_config(self, t: int) -> dict:
+        return {**self.round_config(t), "phase": MOMENTS_PHASE}
+
+    def close_moments(self, t: int, replies: dict[str, Reply], failures: dict[str, str], *,
+                      wire_bytes: int | None = None, secure_sum: SecureSum | None = None) -> dict[str, np.ndarray]:
+        """The pooled mean of round t's BatchNorm moments as extras for the summary ask (the
+        moments pass); like :meth:`close_summaries`, whose bytes it joins."""
+        return self.close_summaries(t, replies, failures, wire_bytes=wire_bytes, secure_sum=secure_sum,
+                                    phase=MOMENTS_PHASE)
+
     def close_summaries(self, t: int, replies: dict[str, Reply], failures: dict[str, str], *,
-                        wire_bytes: int | None = None, secure_sum: SecureSum | None = None) -> dict[str, np.ndarray]:
-        """The pooled mean of round t's summaries as extras for the train ask; its metrics join
-        the round's when it closes. Raises FaultToleranceExceeded below the quorum.
+                        wire_bytes: int | None = None, secure_sum: SecureSum | None = None,
+                        phase: str = SUMMARY_PHASE) -> dict[str, np.ndarray]:
+        """The pooled mean of round t's summaries as extras for the train ask (or, ``phase``
+        moments, of their BatchNorm moments for the summary ask); its metrics join the round's when
+        it closes. Raises FaultToleranceExceeded below the quorum.
 
         Under ``federation.secure_aggregation`` the summaries come as ``secure_sum`` (their SecAgg+
         sum) and replies that carry none; an individual summary is refused
@@ -286,11 +312,20 @@ class Coordinator:
                 raise ConfigError(f"round {t}'s summaries came as a secure sum but federation.secure_aggregation "
                                   "is off", remediation="run the coordinator with the config the participants "
                                                         "were asked with")
-            extras, metrics = close_secure_summaries(self.cfg, t, replies, failures, secure_sum)
+            extras, metrics = close_secure_summaries(self.cfg, t, replies, failures, secure_sum, phase)
         else:
-            extras, metrics = close_summaries(self.cfg, t, replies, failures)
+            extras, metrics = close_summaries(self.cfg, t, replies, failures, phase)
         wire = wire_bytes if wire_bytes is not None else sum(payload_nbytes(r.payload) for r in replies.values())
-        self._summary_metrics = {**metrics, "fed/summary_bytes": int(wire)}
+        earlier = self._summary_metrics if phase == SUMMARY_PHASE and self._summary_round == t else None
+        if earlier is not None and ("fed/summary_participants" in earlier or "fed/moments_participants" not in earlier):
+            earlier = None  # a retried round's earlier attempt, not this attempt's moments pass
+        if phase == MOMENTS_PHASE:
+            metrics = {"fed/moments_participants": metrics["fed/summary_participants"],
+                       "fed/moments_floats": metrics["fed/summary_floats"]}
+        # the round's summary bytes count both passes
+        self._summary_metrics = {**(earlier or {}), **metrics,
+                                 "fed/summary_bytes": int(wire) + int((earlier or {}).get("fed/summary_bytes", 0))}
+        self._summary_round = t
         self._summary_members = (t, [participant_id(int(m)) for m in np.asarray(extras[MEMBERS]).ravel()])
         return extras
 

@@ -32,7 +32,7 @@ from lensemble.federation.bn_stats import recalibrate_on_probe
 from lensemble.federation.global_cache import DIGEST_KEY, keep_global, resolve_global
 from lensemble.federation.locks import lock_folder
 from lensemble.federation.messages import NodeSpec, Reply
-from lensemble.federation.pooling import is_summary_round, pooled_statistics, summary_round
+from lensemble.federation.pooling import is_summary_round, pooled_statistics, summary_phase, summary_round
 from lensemble.federation.privacy import PrivacyLedger, write_durably
 from lensemble.federation.pseudograd import pseudo_gradient
 from lensemble.federation.release import participant_pipeline
@@ -167,7 +167,8 @@ def _participant_round(cfg: LensembleConfig, node: NodeSpec, state_dir: Path, gl
     sampler = _silo_sampler(folder, node.partition_id, cfg.train.clip_len, cfg.model.action_block)
     sketch_fn = round_sketch_fn(cfg, t, node.participant_id)
     if is_summary_round(round_config):  # the pooled objective's first ask of the round
-        reply = summary_round(cfg, model, sampler, sketch_fn(0), state_dir, node.participant_id, t)
+        reply = summary_round(cfg, model, sampler, sketch_fn(0), state_dir, node.participant_id, t,
+                              summary_phase(round_config), extras)
         keep_global(state_dir, t, global_arrays)  # the train ask sends only its digest
         return reply
     stats = pooled_statistics(cfg, extras, state_dir, node.partition_id, t)

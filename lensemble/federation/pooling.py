@@ -1,9 +1,19 @@
 """The pooled objective under federation: the summary exchange at the start of each round.
 
-With ``objective.sigreg_scope=pooled`` or ``objective.bn_scope=pooled`` a round has two asks:
+With ``objective.sigreg_scope=pooled`` or ``objective.bn_scope=pooled`` a round has two asks, or
+three when both are pooled:
 
-1. **summary** (round config ``phase=summary``): every participant encodes
-   ``objective.summary_clips`` clips of its own data with the round's global model and replies
+0. **moments** (round config ``phase=moments``; only when SIGReg *and* BatchNorm are pooled):
+   every participant replies with the BatchNorm input moments of its ``objective.summary_clips``
+   clips under the round's global model (3H floats). The coordinator pools them like summaries;
+   their mean goes down with the summary ask. Why a pass of its own: the ECF a participant
+   subtracts as its own summary must be that of latents normalised as its live batch will be at
+   its first inner step, i.e. with the round's *pooled* moments, which exist only once every
+   participant's moments are in. Encoding it under the global's running statistics instead (the
+   eval-mode shortcut this replaced) left a mismatch: on a committed warm start the pooled SIGReg
+   each silo descended at inner step 0 was 22.9 where the consistent value is 14.3 (issue 43).
+1. **summary** (round config ``phase=summary``): every participant encodes the same clips with
+   the round's global model (under the pooled moments of step 0, when there is one) and replies
    with its :class:`~lensemble.model.pooled.SiloSummary` (ECF means on the round's shared sketch,
    BatchNorm input moments) as a flat fp32 payload, nothing else (no probe embeddings). It keeps
    its own summary on its disk for step 2. The coordinator validates the replies like updates
@@ -54,32 +64,43 @@ from lensemble.federation.validation import (
 )
 from lensemble.model.objective import BatchStatistics
 from lensemble.model.pooled import MOMENT_FIELDS, SiloSummary, others_pooling
-from lensemble.training.pooling import pools_anything, pools_batchnorm, pools_sigreg, summarise
+from lensemble.training.pooling import needs_moments_first, pools_anything, pools_batchnorm, pools_sigreg, summarise
 
 SUMMARY_PHASE = "summary"
+MOMENTS_PHASE = "moments"
 PREFIX = "pooled."
 MEMBERS = PREFIX + "members"
 
 
 def is_summary_round(round_config: dict) -> bool:
-    return round_config.get("phase") == SUMMARY_PHASE
+    """Whether this ask is one of the pooled objective's summary passes (moments or summary)."""
+    return round_config.get("phase") in (SUMMARY_PHASE, MOMENTS_PHASE)
 
 
-def summary_template(cfg: LensembleConfig) -> dict[str, torch.Tensor]:
-    """Zero tensors shaped like one participant's summary under ``cfg`` (names of
-    :meth:`SiloSummary.to_arrays`, sorted): the layout replies are validated against."""
+def summary_phase(round_config: dict) -> str:
+    """The pass a summary ask asks for: :data:`MOMENTS_PHASE` or :data:`SUMMARY_PHASE`."""
+    phase = round_config.get("phase")
+    if phase not in (SUMMARY_PHASE, MOMENTS_PHASE):
+        raise ValueError(f"round config phase {phase!r} is not a summary pass")
+    return phase
+
+
+def summary_template(cfg: LensembleConfig, phase: str = SUMMARY_PHASE) -> dict[str, torch.Tensor]:
+    """Zero tensors shaped like one participant's summary under ``cfg`` in pass ``phase`` (names
+    of :meth:`SiloSummary.to_arrays`, sorted): the layout replies are validated against. The
+    moments pass carries the BatchNorm fields only."""
     s, k, h = cfg.objective.sigreg_directions, cfg.objective.sigreg_knots, cfg.model.projector_hidden
     out: dict[str, torch.Tensor] = {}
-    if pools_sigreg(cfg):
+    if pools_sigreg(cfg) and phase == SUMMARY_PHASE:
         out |= {"ecf.cos": torch.zeros(s, k), "ecf.sin": torch.zeros(s, k), "ecf.mean": torch.zeros(s)}
     if pools_batchnorm(cfg):  # the encoder's one BatchNorm layer, in the projector
         out |= {f"bn.0.{f}": torch.zeros(h) for f in MOMENT_FIELDS}
     return dict(sorted(out.items()))
 
 
-def summary_numel(cfg: LensembleConfig) -> int:
-    """Coordinates of one participant's flat summary (what SecAgg+ masks in the summary ask)."""
-    return int(sum(v.numel() for v in summary_template(cfg).values()))
+def summary_numel(cfg: LensembleConfig, phase: str = SUMMARY_PHASE) -> int:
+    """Coordinates of one participant's flat summary in pass ``phase`` (what SecAgg+ masks)."""
+    return int(sum(v.numel() for v in summary_template(cfg, phase).values()))
 
 
 # -- secure aggregation of the summaries
@@ -97,7 +118,7 @@ def secure_settings(cfg: LensembleConfig) -> SecAggSettings:
     return dataclasses.replace(SecAggSettings.from_config(cfg.federation), max_norm=None)
 
 
-def secure_summary_divisors(cfg: LensembleConfig) -> dict[str, float]:
+def secure_summary_divisors(cfg: LensembleConfig, phase: str = SUMMARY_PHASE) -> dict[str, float]:
     """Public divisors, per summary field, that a summary travels under SecAgg+ with.
 
     ``bn.<i>.meansq`` is divided by c (``federation.secagg_clip_range``), so it fits [-c, c]
@@ -107,14 +128,15 @@ def secure_summary_divisors(cfg: LensembleConfig) -> dict[str, float]:
     field's pooled-mean error bound is its divisor times q = 2c/2^b.
     """
     c = float(cfg.federation.secagg_clip_range)
-    return {k: (c if k.endswith(".meansq") else 1.0) for k in summary_template(cfg)}
+    return {k: (c if k.endswith(".meansq") else 1.0) for k in summary_template(cfg, phase)}
 
 
 def _field_words(key: str) -> str:
     return _FIELD_WORDS.get(key, _FIELD_WORDS.get(key.rsplit(".", 1)[-1], key))
 
 
-def secure_summary_payload(arrays: dict[str, np.ndarray], cfg: LensembleConfig) -> dict[str, np.ndarray]:
+def secure_summary_payload(arrays: dict[str, np.ndarray], cfg: LensembleConfig,
+                           phase: str = SUMMARY_PHASE) -> dict[str, np.ndarray]:
     """A participant's summary as it enters SecAgg+: divided by :func:`secure_summary_divisors`,
     flat fp32 in sorted-name order.
 
@@ -123,7 +145,7 @@ def secure_summary_payload(arrays: dict[str, np.ndarray], cfg: LensembleConfig) 
     range [-c, c]: Flower would clip it silently and the pooled mean would be wrong by more than
     the stated bound. The message names the field and the range.
     """
-    template, divisors = summary_template(cfg), secure_summary_divisors(cfg)
+    template, divisors = summary_template(cfg, phase), secure_summary_divisors(cfg, phase)
     c = float(cfg.federation.secagg_clip_range)
     if sorted(arrays) != sorted(template):
         raise RoundError(f"summary has fields {sorted(arrays)}, the run's summaries have {sorted(template)}")
@@ -150,7 +172,7 @@ def secure_summary_payload(arrays: dict[str, np.ndarray], cfg: LensembleConfig) 
 
 
 def close_secure_summaries(cfg: LensembleConfig, t: int, replies: dict[str, Reply], failures: dict[str, str],
-                           secure_sum: SecureSum | None) -> tuple[dict[str, np.ndarray], dict]:
+                           secure_sum: SecureSum | None, phase: str = SUMMARY_PHASE) -> tuple[dict[str, np.ndarray], dict]:
     """Coordinator side of a secure summary ask: (extras for the train ask, metrics) from the
     SecAgg+ sum S of the contributors' scaled summaries; no individual summary is ever held.
 
@@ -163,7 +185,7 @@ def close_secure_summaries(cfg: LensembleConfig, t: int, replies: dict[str, Repl
     """
     refuse_individual(t, replies, secure_sum, "summary", "summaries")
     settings = secure_settings(cfg)
-    template, divisors = summary_template(cfg), secure_summary_divisors(cfg)
+    template, divisors = summary_template(cfg, phase), secure_summary_divisors(cfg, phase)
     contributors = sorted(secure_sum.contributors)
     require_quorum(len(contributors), max(cfg.federation.min_participants, settings.threshold), round_index=t,
                    failures=dict(failures))
@@ -193,21 +215,41 @@ def _own_path(state_dir: Path, t: int) -> Path:
     return state_dir / f"summary-{t:05d}.npz"
 
 
+def pooled_mean_of(extras: dict[str, np.ndarray] | None) -> SiloSummary | None:
+    """The pooled mean summary an ask's extras carry (``pooled.*``), or None when they carry none."""
+    arrays = {k[len(PREFIX):]: v for k, v in (extras or {}).items() if k.startswith(PREFIX) and k != MEMBERS}
+    return SiloSummary.from_arrays(arrays) if arrays else None
+
+
 def summary_round(cfg: LensembleConfig, model, sampler, sketch: torch.Tensor, state_dir: Path,
-                  participant_id: str, t: int) -> Reply:
-    """Step 1 on one participant: its summary of round t as a Reply (flat fp32 payload, no probe
-    embeddings); its own copy stays in ``state_dir`` for the train ask."""
+                  participant_id: str, t: int, phase: str = SUMMARY_PHASE,
+                  extras: dict[str, np.ndarray] | None = None) -> Reply:
+    """Steps 0 and 1 on one participant: its BatchNorm moments (``phase`` moments) or its summary
+    of round t as a Reply (flat fp32 payload, no probe embeddings). Both passes encode the same
+    clips (drawn from the same seed label), so the moments of step 1 are those pooled in step 0.
+    In step 1 with SIGReg and BatchNorm pooled, ``extras`` must carry step 0's pooled moments;
+    its own copy stays in ``state_dir`` for the train ask."""
     started = time.perf_counter()
     gen = torch_generator(cfg.root_seed, "summary", participant_id, t)
-    summary = summarise(model, sampler.sample(cfg.objective.summary_clips, gen).obs, sketch, cfg)
+    obs = sampler.sample(cfg.objective.summary_clips, gen).obs
+    pooled = None
+    if phase == SUMMARY_PHASE and needs_moments_first(cfg):
+        mean = pooled_mean_of(extras)
+        if mean is None or mean.bn is None:
+            raise RoundError(f"round {t}: the summary ask carries no pooled BatchNorm moments, and the ECF summary "
+                             "must be encoded under them", remediation="the coordinator runs the moments ask first "
+                             "(federation/rounds.py); the round is retried")
+        pooled = mean.bn
+    summary = summarise(model, obs, sketch, cfg, pooled=pooled, ecf=phase == SUMMARY_PHASE)
     arrays = summary.to_arrays()
     if cfg.federation.secure_aggregation:  # scaled and checked for SecAgg+'s range; masked by the Flower app
-        payload = secure_summary_payload(arrays, cfg)
+        payload = secure_summary_payload(arrays, cfg, phase)
     else:
         payload = encode_delta({k: torch.from_numpy(arrays[k]) for k in sorted(arrays)})
-    np.savez(_own_path(state_dir, t), **arrays)
-    for old in sorted(state_dir.glob("summary-*.npz"))[:-2]:
-        old.unlink()
+    if phase == SUMMARY_PHASE:
+        np.savez(_own_path(state_dir, t), **arrays)
+        for old in sorted(state_dir.glob("summary-*.npz"))[:-2]:
+            old.unlink()
     metrics = {"fed/summary_clips": cfg.objective.summary_clips, "fed/compute_seconds": time.perf_counter() - started}
     return Reply(t, payload, np.zeros((0, cfg.model.latent_dim), dtype=np.float32), metrics)
 
@@ -221,35 +263,42 @@ def pooled_statistics(cfg: LensembleConfig, extras: dict[str, np.ndarray] | None
     if not extras or MEMBERS not in extras:
         raise KeyError(f"round {t}: the pooled objective is on but the round carries no pooled summary")
     members = [int(m) for m in np.asarray(extras[MEMBERS]).ravel()]
-    mean = SiloSummary.from_arrays({k[len(PREFIX):]: v for k, v in extras.items()
-                                    if k.startswith(PREFIX) and k != MEMBERS})
+    mean = pooled_mean_of(extras)
     own = None
     if partition_id in members:
         with np.load(_own_path(state_dir, t)) as f:
             own = SiloSummary.from_arrays({k: f[k] for k in f.files})
-    return BatchStatistics(pooling=(others_pooling(mean, own, len(members)),))
+    pooling = others_pooling(mean, own, len(members))
+    # [pooled] the coordinator averages the C updates: the factor C on SIGReg makes their mean
+    # gradient the union batch's, as the data-parallel twin descends it (model/objective.py)
+    return BatchStatistics(pooling=(pooling,), sigreg_weight=float(pooling.parties) if pooling.ecf is not None else 1.0)
 
 
-def close_summaries(cfg: LensembleConfig, t: int, replies: dict[str, Reply], failures: dict[str, str]
-                    ) -> tuple[dict[str, np.ndarray], dict]:
+def close_summaries(cfg: LensembleConfig, t: int, replies: dict[str, Reply], failures: dict[str, str],
+                    phase: str = SUMMARY_PHASE) -> tuple[dict[str, np.ndarray], dict]:
     """Coordinator side of step 1: (extras for the train ask, metrics). Raises
-    FaultToleranceExceeded below the quorum (the round is retried like a failed train ask)."""
-    template = summary_template(cfg)
+    FaultToleranceExceeded below the quorum (the round is retried like a failed train ask).
+    ``phase``: which pass the replies answer (the moments pass carries the BatchNorm fields only)."""
+    template = summary_template(cfg, phase)
     result = validate_updates([Update(pid, r.round_index, r.payload, r.probe_embeddings)
                                for pid, r in sorted(replies.items())],
                               template=template, round_index=t, max_update_mb=cfg.federation.max_update_mb,
                               embedding_shape=(0, cfg.model.latent_dim))
     dropped = dict(failures) | {pid: f"sent an unusable summary ({why})" for pid, why in result.rejected}
-    require_quorum(len(result.accepted), cfg.federation.min_participants, round_index=t, failures=dropped)
-    members = sorted(result.accepted)
-    mean = {k: torch.stack([result.accepted[p][k].double() for p in members]).mean(0).float() for k in template}
+    from lensemble.federation.summary_checks import screen_summaries  # issue 47: |ECF| <= 1, var >= 0, bounded
+
+    accepted, refused = screen_summaries(result.accepted, cfg, round_index=t)
+    dropped |= refused
+    require_quorum(len(accepted), cfg.federation.min_participants, round_index=t, failures=dropped)
+    members = sorted(accepted)
+    mean = {k: torch.stack([accepted[p][k].double() for p in members]).mean(0).float() for k in template}
     extras = {PREFIX + k: v.numpy() for k, v in mean.items()}
     extras[MEMBERS] = np.asarray([int(p.rsplit("-", 1)[1]) for p in members], dtype=np.int64)
-    metrics = {"fed/summary_participants": len(members),
+    metrics = {"fed/summary_participants": len(members), "fed/summary_dropped": len(refused),
                "fed/summary_floats": int(sum(v.numel() for v in template.values()))}
     return extras, metrics
 
 
-__all__ = ["MEMBERS", "PREFIX", "SUMMARY_PHASE", "close_secure_summaries",
-           "close_summaries", "is_summary_round", "pooled_statistics", "secure_settings", "secure_summary_divisors",
+__all__ = ["MEMBERS", "MOMENTS_PHASE", "PREFIX", "SUMMARY_PHASE", "close_secure_summaries",
+           "close_summaries", "is_summary_round", "needs_moments_first", "pooled_mean_of", "summary_phase", "pooled_statistics", "secure_settings", "secure_summary_divisors",
            "secure_summary_payload", "summary_numel", "summary_round", "summary_template"]

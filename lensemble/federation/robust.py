@@ -22,10 +22,24 @@ defence, applied by the coordinator on every engine (they all close rounds throu
      of the lower median of this round's norms and the lower median of the accepted norms of the
      last :data:`HISTORY_ROUNDS` rounds (the reasons are beside the code).
 
-   The bound is min(step bound, factor × reference). An accepted hostile update can then move the
-   mean Δ̄ by at most bound / C per round.
+   The bound is min(step bound, max(factor × reference, floor)), where the **floor**
+   (:func:`norm_floor`: ``federation.update_norm_floor`` × the step bound; the step bound itself
+   under DP) comes from the config and the global alone, so no participant can lower it: with two
+   participants a near-zero update would otherwise set the reference and get the honest one
+   dropped (issue 47). An accepted hostile update can then move the mean Δ̄ by at most bound / C
+   per round.
 
-2. **A robust aggregate** instead of the mean (``federation.aggregate``), see :func:`robust_mean`.
+2. **A direction screen** (:func:`screen_directions`, ``federation.update_min_cosine``): an update
+   inside the bound can still point against the others (issue 47: one of three silos sending −9x
+   its update, norm under the bound, collapsed the global). With C >= 3 updates, each must have a
+   cosine of at least ``update_min_cosine`` (0) with at least ⌈(C−1)/2⌉ of the others, so with
+   fewer than half of them hostile every honest update has enough honest company, while a flipped
+   one agrees with none of the honest ones. With C = 2 no geometry tells the two apart (the pair
+   is scale-symmetric), so if one turns their mean against the other (Δ_a·Δ_b < −min‖Δ‖²) both are
+   dropped and the quorum decides: a hostile one of two can stop rounds, as by not replying, but
+   not steer them. Off under DP (noise dominates every cosine) and under secure aggregation.
+
+3. **A robust aggregate** instead of the mean (``federation.aggregate``), see :func:`robust_mean`.
 
 Under secure aggregation neither applies: the coordinator sees only the sum S = Σ Δ_c. What it can
 check is ‖S‖₂ <= C·(B + q√n) (:func:`lensemble.federation.secure_agg.check_secure_sum`), which
@@ -75,6 +89,9 @@ ROTATED = (FRAME_WEIGHT, IN_PROJ_WEIGHT, OUT_PROJ_WEIGHT, OUT_PROJ_BIAS)
 #: enough that the reference follows honest updates as training shrinks them (2x between micro's
 #: two rounds at rung 3).
 HISTORY_ROUNDS = 3
+#: How the screens' drop reasons start (validation.py's quorum remedy recognises them by these).
+NORM_REASON = "sent an update of norm"
+DIRECTION_REASON = "sent an update pointing against"
 
 
 def _l2(arrays: Mapping[str, object], names=None) -> float:
@@ -130,20 +147,41 @@ def lower_median(values) -> float | None:
 class NormBound:
     """Round t's bound on ‖Δ_c‖₂ and where it came from (all L2 norms of the federated vector)."""
 
-    bound: float  # min(step, factor × reference), or ``step`` alone when there is no reference
+    bound: float  # min(step, max(factor × reference, floor)), or ``step`` alone when there is no reference
     step: float  # the step bound (or federation.update_max_norm)
     reference: float | None  # max(round, history): the honest scale the factor multiplies
     round_reference: float | None  # lower median of this round's norms
     history_reference: float | None  # lower median of the accepted norms of the last rounds
     factor: float | None
+    floor: float | None = None  # the least the relative bound may be (norm_floor): no participant sets it
 
     def describe(self) -> str:
         if self.reference is None or self.bound >= self.step:
             return f"the run's step bound {self.step:.4g}"
+        if self.floor is not None and self.bound <= self.floor:
+            return f"the floor {self.floor:.4g}, federation.update_norm_floor x the step bound {self.step:.4g}"
         return f"{self.factor:g} x the reference norm {self.reference:.4g}"
 
 
-def norm_bound(norms: Mapping[str, float], history_norms, *, step: float, factor: float | None) -> NormBound:
+def norm_floor(cfg: LensembleConfig, step: float) -> float | None:
+    """The least a round's norm bound may be, from the config and the step bound alone (issue 47).
+
+    Without it, with two participants, a near-zero update is the lower median: it sets the reference
+    and the honest update is dropped (round 0), and once such updates are accepted they fill half
+    the history too. ``federation.update_norm_floor`` x ``step``: 0.5 by default, 2x the largest
+    honest fraction measured (0.23 of the step bound at the backstop rung on ``experiment=micro``;
+    0.07 at the naive rung). Under DP the honest release is the noise, within 7/√n of the step bound,
+    so the floor is the step bound: a relative bound could only drop honest releases there.
+    None: no floor (the relative bound alone, as before issue 47).
+    """
+    if cfg.privacy.enabled:
+        return step
+    fraction = cfg.federation.update_norm_floor
+    return None if fraction is None else float(fraction) * step
+
+
+def norm_bound(norms: Mapping[str, float], history_norms, *, step: float, factor: float | None,
+               floor: float | None = None) -> NormBound:
     """The bound a round's updates are held to, from their own norms and the recent accepted ones.
 
     ``norms``: participant id -> ‖Δ_c‖₂ of this round's well-formed updates; ``history_norms``:
@@ -156,16 +194,20 @@ def norm_bound(norms: Mapping[str, float], history_norms, *, step: float, factor
       reference down (with C = 2 it would otherwise set it, and the honest update would be dropped);
     - the max lets honest updates that all grow at once (a new training phase) through: they set
       this round's median, while a single inflated one cannot.
-    A participant that shrinks its update is never dropped: that can only slow the mean.
+    A participant that shrinks its update is never dropped: that can only slow the mean. Nor can it
+    lower the bound below ``floor`` (:func:`norm_floor`), which no participant's norm enters.
     """
     round_ref = lower_median(norms.values())
     hist_ref = lower_median(history_norms)
     refs = [r for r in (round_ref, hist_ref) if r is not None and r > 0]
     # No positive reference (every update zero, or none): nothing to scale, the step bound alone.
     reference = max(refs) if refs else None
-    bound = step if reference is None or factor is None else min(step, factor * reference)
+    if reference is None or factor is None:
+        bound = step
+    else:
+        bound = min(step, max(factor * reference, floor if floor is not None else 0.0))
     return NormBound(bound=bound, step=step, reference=reference, round_reference=round_ref,
-                     history_reference=hist_ref, factor=factor)
+                     history_reference=hist_ref, factor=factor, floor=floor)
 
 
 def update_norms(deltas: Mapping[str, StateDict]) -> dict[str, float]:
@@ -174,31 +216,121 @@ def update_norms(deltas: Mapping[str, StateDict]) -> dict[str, float]:
 
 
 def screen_norms(deltas: Mapping[str, StateDict], history_norms, *, step: float,
-                 factor: float | None) -> tuple[dict[str, StateDict], dict[str, str], NormBound, dict[str, float]]:
+                 factor: float | None, floor: float | None = None
+                 ) -> tuple[dict[str, StateDict], dict[str, str], NormBound, dict[str, float]]:
     """(kept Δ, dropped id -> reason, the bound, every norm) of a round's well-formed updates."""
     norms = update_norms(deltas)
-    nb = norm_bound(norms, history_norms, step=step, factor=factor)
+    nb = norm_bound(norms, history_norms, step=step, factor=factor, floor=floor)
     kept, dropped = {}, {}
     for pid, delta in sorted(deltas.items()):
         if norms[pid] > nb.bound:
-            dropped[pid] = (f"sent an update of norm {norms[pid]:.4g} above the bound {nb.bound:.4g} "
+            dropped[pid] = (f"{NORM_REASON} {norms[pid]:.4g} above the bound {nb.bound:.4g} "
                             f"({nb.describe()})")
         else:
             kept[pid] = delta
     return kept, dropped, nb, norms
 
 
+def _gram(deltas: Mapping[str, StateDict], order: list[str]) -> np.ndarray:
+    """G[i, j] = <Δ_i, Δ_j> over every floating tensor, in float64, tensor by tensor in sorted name
+    order (never the whole flat vectors at once: C x one tensor in memory), so bitwise deterministic."""
+    c = len(order)
+    gram = np.zeros((c, c), dtype=np.float64)
+    for name in sorted(deltas[order[0]]):
+        arrays = [deltas[p][name] for p in order]
+        arrays = [a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a) for a in arrays]
+        if arrays[0].dtype.kind != "f":  # as _l2: only floating tensors are federated values
+            continue
+        stack = np.stack([a.astype(np.float64).reshape(-1) for a in arrays])
+        gram += stack @ stack.T
+    return gram
+
+
+def cosine_matrix(deltas: Mapping[str, StateDict]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(sorted ids, C x C cosines, C norms) of a round's updates; a zero update's cosines are 0."""
+    order = sorted(deltas)
+    gram = _gram(deltas, order) if order else np.zeros((0, 0))
+    norms = np.sqrt(np.clip(np.diag(gram), 0.0, None))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cos = gram / np.outer(norms, norms)
+    cos[~np.isfinite(cos)] = 0.0
+    return order, np.clip(cos, -1.0, 1.0), norms
+
+
+def screen_directions(deltas: Mapping[str, StateDict], *, min_cosine: float
+                      ) -> tuple[dict[str, StateDict], dict[str, str], dict[str, float]]:
+    """(kept Δ, dropped id -> reason, id -> agreement score) of the updates that passed the norm bound.
+
+    C >= 3: update c's score is the k-th largest of its cosines with the C−1 others, k = ⌈(C−1)/2⌉
+    (the best for C = 3): c must agree (cos >= ``min_cosine``) with at least k of them. Honest
+    updates of one round need not be close (their pairwise cosines are 0.01–0.66 on
+    ``experiment=micro``, −0.02 once), but each has at least one clearly positive partner: the
+    scores measured are >= 0.055 at rungs 1, 3 and 5. With fewer than C/2 hostile updates an honest
+    one has at least k honest others; a sign-flipped honest-looking update agrees with none of
+    them. The reference is not the coordinate-wise median of all updates, nor the others' mean: a
+    −9x update pulls the median toward itself coordinate by coordinate (its cosine with it stayed
+    +0.16–0.36 on micro), and it dominates the others' mean that an honest update is compared with.
+
+    C = 2: Δ_a·Δ_b < −min(‖Δ_a‖², ‖Δ_b‖²) means their mean points against one of them. Which one is
+    hostile no geometry says (a −9x update against an honest one is an honest update against a
+    tiny flipped one, scaled), so both are dropped with the reason; honest pairs measured cos >= 0.01.
+
+    A zero update is never dropped here (it points nowhere); its cosines count as 0.
+    """
+    order, cos, norms = cosine_matrix(deltas)
+    c = len(order)
+    kept, dropped, scores = {}, {}, {}
+    if c < 2:
+        return dict(deltas), {}, {}
+    if c == 2:
+        dot = cos[0, 1] * norms[0] * norms[1]
+        scores = {p: float(cos[0, 1]) for p in order}
+        if dot < -min(norms[0], norms[1]) ** 2:
+            for i, p in enumerate(order):
+                other = order[1 - i]
+                dropped[p] = (f"{DIRECTION_REASON} {other}'s: cosine {cos[0, 1]:.3f}, norms {norms[i]:.4g} and "
+                              f"{norms[1 - i]:.4g}, so their mean turns against one of them; with two updates "
+                              "the coordinator cannot tell which is hostile and keeps neither")
+            return {}, dropped, scores
+        return dict(deltas), {}, scores
+    k = c // 2  # ⌈(C−1)/2⌉
+    for i, p in enumerate(order):
+        others = sorted((float(cos[i, j]) for j in range(c) if j != i), reverse=True)
+        scores[p] = others[k - 1]
+        if norms[i] > 0 and scores[p] < min_cosine:
+            agree = sum(v >= min_cosine for v in others)
+            dropped[p] = (f"{DIRECTION_REASON} the others: cosine >= {min_cosine:g} with {agree} of the {c - 1} "
+                          f"others, {k} needed (its cosines {', '.join(f'{v:.3f}' for v in others)}; "
+                          "federation.update_min_cosine)")
+        else:
+            kept[p] = deltas[p]
+    return kept, dropped, scores
+
+
+def direction_screen_on(cfg: LensembleConfig) -> bool:
+    """Whether the coordinator screens directions: ``federation.update_min_cosine`` set, no DP (the
+    Gaussian noise, ~σ·clip·√n against a signal <= clip, makes every cosine ~0)."""
+    return cfg.federation.update_min_cosine is not None and not cfg.privacy.enabled
+
+
 def screen_updates(cfg: LensembleConfig, deltas: Mapping[str, StateDict], history: list[dict],
                    global_params: Mapping[str, object]) -> tuple[dict[str, StateDict], dict[str, str], dict, dict]:
-    """The coordinator's norm screen of a plaintext round: (kept Δ, dropped id -> reason, round
-    metrics, kept id -> norm for the history). ``history``: the coordinator's per-round records
-    (their ``update_norms``); ``global_params``: the global the round was asked with."""
+    """The coordinator's screens of a plaintext round, the norm bound then the direction: (kept Δ,
+    dropped id -> reason, round metrics, kept id -> norm for the history). ``history``: the
+    coordinator's per-round records (their ``update_norms``); ``global_params``: the global the
+    round was asked with."""
     f = cfg.federation
     step = float(f.update_max_norm) if f.update_max_norm is not None else step_bound(cfg, global_params)
-    kept, dropped, nb, norms = screen_norms(deltas, recent_norms(history), step=step, factor=f.update_norm_factor)
+    kept, dropped, nb, norms = screen_norms(deltas, recent_norms(history), step=step, factor=f.update_norm_factor,
+                                            floor=norm_floor(cfg, step))
     metrics = {"fed/norm_bound": nb.bound, "fed/step_bound": nb.step, "fed/norm_reference": nb.reference,
-               "fed/norm_dropped": len(dropped),
-               "fed/update_norm_max": max((norms[p] for p in kept), default=None)}
+               "fed/norm_floor": nb.floor, "fed/norm_dropped": len(dropped)}
+    if direction_screen_on(cfg):
+        kept, turned, scores = screen_directions(kept, min_cosine=float(f.update_min_cosine))
+        dropped |= turned
+        metrics |= {"fed/direction_dropped": len(turned),
+                    "fed/direction_score_min": min((scores[p] for p in kept), default=None)}
+    metrics["fed/update_norm_max"] = max((norms[p] for p in kept), default=None)
     return kept, dropped, metrics, {p: norms[p] for p in kept}
 
 
@@ -279,6 +411,7 @@ def secure_update_settings(cfg: LensembleConfig, global_params: Mapping[str, obj
     return replace(settings, max_norm=min(settings.clip_range * math.sqrt(n), step_bound(cfg, global_params)))
 
 
-__all__ = ["ADAM_BETAS", "HISTORY_ROUNDS", "ROTATED", "NormBound", "adam_step_ceiling", "lower_median", "norm_bound",
-           "recent_norms", "required_participants", "robust_mean", "screen_norms", "screen_updates", "secure_update_settings",
+__all__ = ["ADAM_BETAS", "DIRECTION_REASON", "HISTORY_ROUNDS", "NORM_REASON", "ROTATED", "NormBound",
+           "adam_step_ceiling", "cosine_matrix", "direction_screen_on", "lower_median", "norm_bound", "norm_floor",
+           "recent_norms", "screen_directions", "required_participants", "robust_mean", "screen_norms", "screen_updates", "secure_update_settings",
            "step_bound", "update_norms"]

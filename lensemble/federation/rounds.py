@@ -19,7 +19,8 @@ The coordinator is duck-typed: ``num_rounds``, ``next_round``, ``round_config(t)
 ``global_arrays()``, optional ``extras`` (public side inputs, e.g. anchor targets), optional
 ``before_ask(t)`` (called just before every ask: the DP tally counts asks durably), optional
 ``pools`` with ``summary_config(t)``, ``close_summaries(t, replies, failures, wire_bytes=[,
-secure_sum=])`` and optional ``global_cache_config(t)`` (the pooled objective's summary ask before
+secure_sum=])`` (and, when ``moments_first``, ``moments_config(t)`` and ``close_moments(...)``: the
+BatchNorm moments pass before the summary ask, whose extras are its result) and optional ``global_cache_config(t)`` (the pooled objective's summary ask before
 the train ask, :mod:`lensemble.federation.pooling`; the train ask's round config then names the
 global by its digest for the participants that kept it, :mod:`lensemble.federation.global_cache`,
 and an ask sends those an empty global), ``close_round(t, replies, failures, wire_bytes=,
@@ -86,7 +87,18 @@ def drive_rounds(coordinator: Any, ask: AskFn, federation: FederationConfig, *, 
                 if getattr(coordinator, "pools", False):
                     # the pooled objective: every participant's summary with this round's global
                     # model first; the train ask carries their mean (federation/pooling.py)
-                    summaries = ask(t, coordinator.summary_config(t), coordinator.global_arrays(), {},
+                    summary_config, first = coordinator.summary_config(t), {}
+                    if getattr(coordinator, "moments_first", False):
+                        # SIGReg and BatchNorm pooled: the BatchNorm moments first, so that every
+                        # ECF summary is encoded under the round's pooled moments
+                        moments = ask(t, coordinator.moments_config(t), coordinator.global_arrays(), {},
+                                      federation.round_timeout_s)
+                        secure = {"secure_sum": moments.secure_sum} if moments.secure_sum is not None else {}
+                        first = coordinator.close_moments(t, moments.replies, moments.failures,
+                                                          wire_bytes=moments.wire_bytes, **secure)
+                        if hasattr(coordinator, "global_cache_config"):
+                            summary_config = {**summary_config, **coordinator.global_cache_config(t)}
+                    summaries = ask(t, summary_config, coordinator.global_arrays(), first,
                                     federation.round_timeout_s)
                     # under secure aggregation the summaries come as their SecAgg+ sum
                     secure = {"secure_sum": summaries.secure_sum} if summaries.secure_sum is not None else {}

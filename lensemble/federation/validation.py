@@ -202,10 +202,29 @@ def require_quorum(n_accepted: int, min_participants: int, *, round_index: int |
         what = f" ({describe_failures(failures)})" if failures else ""
         raise FaultToleranceExceeded(
             f"{where}{n_accepted} valid update(s), quorum is {min_participants}{what}",
-            remediation=_storage_remedy(failures),
+            remediation=_storage_remedy(failures) or _screen_remedy(failures),
             accepted=n_accepted,
             min_participants=min_participants,
         )
+
+
+def _screen_remedy(failures: Mapping[str, str] | None) -> str | None:
+    """The remedy when the coordinator itself refused replies that arrived (the norm bound, the
+    direction screen, the summary range checks of issue 47): bringing nodes back or waiting longer
+    would not help. None keeps the default remedy."""
+    from lensemble.federation.robust import DIRECTION_REASON, NORM_REASON
+    from lensemble.federation.summary_checks import SUMMARY_REASON
+
+    sites = sorted(who for who, why in (failures or {}).items()
+                   if any(mark in why for mark in (NORM_REASON, DIRECTION_REASON, SUMMARY_REASON)))
+    if not sites:
+        return None
+    return (f"the coordinator refused what {', '.join(sites)} sent (the reason is beside each): a broken or hostile "
+            "participant; check that site (its data, its code, its inner learning rate) or leave it out of the run. "
+            "If it is honest, loosen the screen that refused it (federation.update_norm_factor / update_norm_floor "
+            "/ update_max_norm for the norm bound, federation.update_min_cosine for the direction screen; "
+            "docs/federation.md, 'Threat model'); lowering federation.min_participants only lets the others' "
+            "rounds commit without it")
 
 
 def _storage_remedy(failures: Mapping[str, str] | None) -> str | None:

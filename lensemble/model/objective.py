@@ -106,12 +106,19 @@ class BatchStatistics:
       (:class:`~lensemble.model.pooled.Pooling`, or None): SIGReg of that share is then the pooled
       statistic and, when the pooling carries BatchNorm moments, the share is normalised with
       pooled moments. A participant under federation is one share with the others' pooling.
+    - ``sigreg_weight``: the factor on the SIGReg term of the total (the reported ``sigreg`` is
+      the statistic itself). A participant pooled with C − 1 others sets C: each live latent's
+      gradient of the pooled statistic is the union batch's (:func:`pooled_sigreg`), but the
+      coordinator *averages* the C updates, so without the factor the federation would descend
+      λ_sig·SIGReg / C against the data-parallel twin's λ_sig·SIGReg of the union batch
+      (tests/unit/test_pooled_exact.py: the averaged gradient is the union batch's).
     """
 
     shares: tuple[int, ...] | None = None
     batchnorm_per_share: bool = False
     sigreg_per_share: bool = False
     pooling: tuple[Pooling | None, ...] | None = None
+    sigreg_weight: float = 1.0
 
     def share_slices(self, b: int) -> list[slice]:
         sizes = self.shares or (b,)
@@ -186,7 +193,7 @@ class JEPAObjective:
         else:  # one share (pooled with the others' summary, if any), or shares that share one SIGReg
             sig = pooled_sigreg(z, sketch, stats.pooling_of(0) if len(shares) == 1 else None,
                                 knots=cfg.sigreg_knots, t_max=cfg.sigreg_t_max)
-        total = cfg.lambda_pred * pred_loss + cfg.lambda_sig * sig
+        total = cfg.lambda_pred * pred_loss + cfg.lambda_sig * stats.sigreg_weight * sig
         if self.anchor is not None and self.lambda_anc > 0:
             anc = self.anchor(model).float()
             total = total + self.lambda_anc * anc

@@ -138,17 +138,26 @@ class PoolableBatchNorm1d(nn.BatchNorm1d):
     While :func:`pooled_batchnorm` has set ``pooled_with`` (the other parties' summed moments and
     the party count C), a train-mode forward normalises with
     mean = (live mean + Σ others) / C and var the pooled variance (law of total variance), the
-    gradient flowing through the live batch only; running statistics are not updated then (the
-    parties re-estimate them on the public probe). Otherwise it is exactly ``nn.BatchNorm1d``.
-    ``record`` (a list, or None) collects the input moments of each forward, for summaries.
+    gradient flowing through the live batch only, and updates the running statistics with those
+    pooled moments (momentum, unbiased over the pool's C·N frames), as ``nn.BatchNorm1d`` updates
+    them with a batch's. While :func:`fixed_batchnorm` has set ``fixed`` (a pooled mean and
+    variance), every forward normalises with exactly those, in any mode, and leaves the running
+    statistics alone: that is how a party encodes its round summary with the moments its live batch
+    will be normalised with (:func:`lensemble.training.pooling.summarise`). Otherwise it is exactly
+    ``nn.BatchNorm1d``. ``record`` (a list, or None) collects the input moments of each forward, for
+    summaries.
     """
 
     pooled_with: tuple[Moments, int] | None = None
+    fixed: tuple[torch.Tensor, torch.Tensor] | None = None  # (mean, biased var) (H,)
     record: list[Moments] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.record is not None:
             self.record.append(Moments.of(x.detach()))
+        if self.fixed is not None:
+            mean, var = self.fixed
+            return self._normalise(x, mean, var)
         if self.pooled_with is None or not self.training:
             return super().forward(x)
         others, c = self.pooled_with
@@ -160,10 +169,52 @@ class PoolableBatchNorm1d(nn.BatchNorm1d):
         between = ((live_mean - mean).square() + others.meansq.to(xf) - 2 * mean * others.mean.to(xf)
                    + (c - 1) * mean.square())
         var = ((live_var + others.var.to(xf) + between) / c).clamp_min(0.0)
-        y = (xf - mean) / torch.sqrt(var + self.eps)
+        if self.track_running_stats and self.running_mean is not None:
+            # the running statistics follow the moments the batch was normalised with, as in
+            # nn.BatchNorm1d (unbiased over the pool's frames), so eval mode sees the pooled moments
+            n = x.shape[0] * c
+            with torch.no_grad():
+                # momentum None: the cumulative average, as nn.BatchNorm1d keeps it
+                m = 1.0 / float(self.num_batches_tracked + 1) if self.momentum is None else self.momentum
+                self.running_mean.mul_(1 - m).add_(m * mean.detach())
+                self.running_var.mul_(1 - m).add_(m * var.detach() * (n / max(n - 1.0, 1.0)))
+                self.num_batches_tracked.add_(1)
+        return self._normalise(x, mean, var)
+
+    def _normalise(self, x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+        xf = x.to(torch.float32)
+        y = (xf - mean.to(xf)) / torch.sqrt(var.to(xf) + self.eps)
         if self.affine:
             y = y * self.weight + self.bias
         return y.to(x.dtype)
+
+
+def pooled_moments(mean: Sequence[Moments]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per BatchNorm layer, the (mean, biased variance) of the pooled frames from the parties'
+    *mean* summary (each field averaged over the C parties, as the coordinator pools them):
+    mean = E_k[μ_k], var = E_k[σ²_k] + E_k[μ_k²] − mean² (law of total variance). These are the
+    moments a live batch equal to its party's summary is normalised with under
+    ``bn_scope=pooled`` (:class:`PoolableBatchNorm1d`), and the union batch under plain BatchNorm."""
+    return [(m.mean, (m.var + m.meansq - m.mean.square()).clamp_min(0.0)) for m in mean]
+
+
+@contextmanager
+def fixed_batchnorm(module: nn.Module, moments: Sequence[tuple[torch.Tensor, torch.Tensor]] | None):
+    """Inside the block, ``module``'s poolable BatchNorm layers normalise with the given (mean, var)
+    per layer (module order) in any mode; running statistics are left alone. A no-op for None."""
+    layers = poolable_layers(module)
+    if moments is None:
+        yield
+        return
+    if len(moments) != len(layers):
+        raise ValueError(f"{len(moments)} fixed BatchNorm moments for {len(layers)} BatchNorm layers")
+    try:
+        for layer, mv in zip(layers, moments, strict=True):
+            layer.fixed = mv
+        yield
+    finally:
+        for layer in layers:
+            layer.fixed = None
 
 
 def poolable_layers(module: nn.Module) -> list[PoolableBatchNorm1d]:
@@ -273,5 +324,5 @@ def others_pooling(pooled_mean: SiloSummary, own: SiloSummary | None, parties: i
 
 
 __all__ = ["ECF_KEYS", "EcfSummary", "Moments", "Pooling", "PoolableBatchNorm1d", "SiloSummary", "ecf_summary",
-           "others_pooling", "pooled_batchnorm", "pooled_sigreg", "poolable_layers", "recording_moments",
-           "sum_summaries"]
+           "fixed_batchnorm", "others_pooling", "pooled_batchnorm", "pooled_moments", "pooled_sigreg",
+           "poolable_layers", "recording_moments", "sum_summaries"]

@@ -29,7 +29,9 @@ from lensemble.model.pooled import (
     Moments,
     SiloSummary,
     ecf_summary,
+    fixed_batchnorm,
     others_pooling,
+    pooled_moments,
     recording_moments,
     sum_summaries,
 )
@@ -63,44 +65,95 @@ def freeze_batchnorm(cfg: LensembleConfig) -> bool:
     return cfg.objective.bn_scope == "frozen" or cfg.model.encoder_frozen
 
 
-@torch.no_grad()
-def summarise(model, obs: torch.Tensor, sketch: torch.Tensor, cfg: LensembleConfig) -> SiloSummary:
-    """One party's :class:`~lensemble.model.pooled.SiloSummary` of clips ``obs`` (n, K, 3, H, W) uint8.
+def needs_moments_first(cfg: LensembleConfig) -> bool:
+    """Whether a round's summaries take two passes: BatchNorm input moments first, then the ECF
+    encoded under the pooled moments (SIGReg and BatchNorm both pooled). The ECF a party
+    subtracts as its own must be that of latents normalised as its live batch will be, with the
+    round's *pooled* moments, which exist only once every party's moments are in."""
+    return pools_sigreg(cfg) and pools_batchnorm(cfg)
 
-    BatchNorm input moments are those of every frame (the projector's BatchNorm is the encoder's
-    only one, so its input does not depend on how it normalises). The latents behind the ECF
-    summary are encoded as the party's own training batches would be: in train-mode chunks of
-    :data:`SUMMARY_CHUNK` clips (their own moments) under ``bn_scope=batch``, with the running
-    statistics otherwise (the pooled moments of the round are not known yet when summaries are
-    taken: an approximation, the same for every party). Running statistics are left untouched.
-    """
+
+@torch.no_grad()
+def batchnorm_moments(model, obs: torch.Tensor) -> list[Moments]:
+    """Per BatchNorm layer, the input moments of every frame of clips ``obs`` (n, K, 3, H, W) uint8
+    under the model's weights (the projector's BatchNorm is the encoder's only one, so its input
+    does not depend on how it normalises). Encoded in chunks of :data:`SUMMARY_CHUNK` clips and
+    combined exactly (law of total variance); nothing of the model changes."""
     enc = model.encoder
-    want_ecf, want_bn = pools_sigreg(cfg), pools_batchnorm(cfg)
-    layers = enc.batchnorm_layers()
-    saved = {k: v.clone() for k, v in enc.state_dict().items() if "running_" in k or "num_batches" in k}
     was_training = enc.training
-    batch_mode = cfg.objective.bn_scope == "batch" and bool(layers)
-    enc.train(batch_mode)
+    enc.eval()
     try:
         with recording_moments(enc) as records:
-            z = torch.cat([enc.encode_frames(obs[i:i + SUMMARY_CHUNK]) for i in range(0, obs.shape[0], SUMMARY_CHUNK)])
+            for i in range(0, obs.shape[0], SUMMARY_CHUNK):
+                enc.encode_frames(obs[i:i + SUMMARY_CHUNK])
     finally:
-        enc.load_state_dict(saved, strict=False)
         enc.train(was_training)
-    ecf = ecf_summary(z, sketch, knots=cfg.objective.sigreg_knots, t_max=cfg.objective.sigreg_t_max) if want_ecf else None
-    bn = None
-    if want_bn:
-        # frame-weighted mean over the chunks' records (chunks may differ in size)
-        sizes = torch.tensor([min(SUMMARY_CHUNK, obs.shape[0] - i) for i in range(0, obs.shape[0], SUMMARY_CHUNK)],
-                             dtype=torch.float32)
-        w = sizes / sizes.sum()
-        # the frames' moments from the chunks' (law of total variance across chunks)
-        bn = []
-        for rec in records:
-            mean = sum(wi * m.mean for wi, m in zip(w, rec, strict=True))
-            var = sum(wi * (m.var + (m.mean - mean).square()) for wi, m in zip(w, rec, strict=True))
-            bn.append(Moments(mean, var, mean.square()))
-    return SiloSummary(ecf, bn)  # no_grad: nothing to detach
+    sizes = torch.tensor([min(SUMMARY_CHUNK, obs.shape[0] - i) for i in range(0, obs.shape[0], SUMMARY_CHUNK)],
+                         dtype=torch.float32)
+    w = sizes / sizes.sum()  # frame-weighted: chunks may differ in size
+    out = []
+    for rec in records:
+        mean = sum(wi * m.mean for wi, m in zip(w, rec, strict=True))
+        var = sum(wi * (m.var + (m.mean - mean).square()) for wi, m in zip(w, rec, strict=True))
+        out.append(Moments(mean, var, mean.square()))
+    return out
+
+
+@torch.no_grad()
+def summarise(model, obs: torch.Tensor, sketch: torch.Tensor, cfg: LensembleConfig, *,
+              pooled: Sequence[Moments] | None = None, ecf: bool = True) -> SiloSummary:
+    """One party's :class:`~lensemble.model.pooled.SiloSummary` of clips ``obs`` (n, K, 3, H, W) uint8.
+
+    BatchNorm input moments (``bn_scope=pooled``) are those of every frame
+    (:func:`batchnorm_moments`). The latents behind the ECF summary (``sigreg_scope=pooled``, and
+    ``ecf``) are normalised exactly as the party's live batch is at its first inner step:
+
+    - ``bn_scope=pooled``: with the round's pooled moments, from ``pooled`` (the parties' *mean*
+      BatchNorm summary of the round's first pass, :func:`~lensemble.model.pooled.pooled_moments`);
+      required, since encoding under the running statistics instead (the eval-mode shortcut this
+      replaced) made the pooled SIGReg a party descends 22.9 where the consistent one is 14.3 on a
+      committed warm start (issue 43);
+    - ``bn_scope=batch``: in train-mode chunks of :data:`SUMMARY_CHUNK` clips (their own moments,
+      as a training batch of that size is);
+    - frozen BatchNorm or none: in eval mode.
+
+    Running statistics are left untouched. ``ecf=False`` takes the moments only (the first pass).
+    """
+    enc = model.encoder
+    want_ecf, want_bn = ecf and pools_sigreg(cfg), pools_batchnorm(cfg)
+    bn = batchnorm_moments(model, obs) if want_bn else None
+    summary_ecf = None
+    if want_ecf:
+        layers = enc.batchnorm_layers()
+        fixed = None
+        if want_bn:
+            if pooled is None:
+                raise ValueError("with SIGReg and BatchNorm pooled the ECF summary is encoded under the round's pooled "
+                                 "BatchNorm moments: take the moments first (summarise(..., ecf=False)) and pass "
+                                 "their pooled mean as pooled=")
+            fixed = pooled_moments(pooled)
+        saved = {k: v.clone() for k, v in enc.state_dict().items() if "running_" in k or "num_batches" in k}
+        was_training = enc.training
+        enc.train(cfg.objective.bn_scope == "batch" and bool(layers) and fixed is None)
+        try:
+            with fixed_batchnorm(enc, fixed):
+                z = torch.cat([enc.encode_frames(obs[i:i + SUMMARY_CHUNK]) for i in range(0, obs.shape[0], SUMMARY_CHUNK)])
+        finally:
+            enc.load_state_dict(saved, strict=False)
+            enc.train(was_training)
+        summary_ecf = ecf_summary(z, sketch, knots=cfg.objective.sigreg_knots, t_max=cfg.objective.sigreg_t_max)
+    return SiloSummary(summary_ecf, bn)  # no_grad: nothing to detach
+
+
+def silo_summaries(model, clips: Sequence[torch.Tensor], sketch: torch.Tensor, cfg: LensembleConfig) -> list[SiloSummary]:
+    """Every party's summary when one process holds all their clips (the per-silo central control,
+    tests): both passes of a round, with the parties' moments pooled at equal weights as the
+    coordinator pools them."""
+    pooled = None
+    if needs_moments_first(cfg):
+        first = [SiloSummary(None, batchnorm_moments(model, obs)) for obs in clips]
+        pooled = sum_summaries(first).scaled(1.0 / len(first)).bn
+    return [summarise(model, obs, sketch, cfg, pooled=pooled) for obs in clips]
 
 
 class ShareSampler:
@@ -153,7 +206,8 @@ def central_statistics(cfg: LensembleConfig, model, sampler, source: str) -> Cal
         refresh = step // every
         if cache["at"] != refresh:
             gen = torch_generator(cfg.root_seed, "summary", source, refresh)
-            own = [summarise(model, s.sample(cfg.objective.summary_clips, gen).obs, sketch, cfg) for s in sampler.samplers]
+            own = silo_summaries(model, [s.sample(cfg.objective.summary_clips, gen).obs for s in sampler.samplers],
+                                 sketch, cfg)
             mean = sum_summaries(own).scaled(1.0 / len(own))
             cache["pooling"] = tuple(others_pooling(mean, o, len(own)) for o in own)
             cache["at"] = refresh
@@ -162,5 +216,6 @@ def central_statistics(cfg: LensembleConfig, model, sampler, source: str) -> Cal
     return stats
 
 
-__all__ = ["SUMMARY_CHUNK", "ShareSampler", "central_statistics", "freeze_batchnorm", "pools_across_shares", "pools_anything",
-           "pools_batchnorm", "pools_sigreg", "summarise"]
+__all__ = ["SUMMARY_CHUNK", "ShareSampler", "batchnorm_moments", "central_statistics", "freeze_batchnorm",
+           "needs_moments_first", "pools_across_shares", "pools_anything", "pools_batchnorm", "pools_sigreg",
+           "silo_summaries", "summarise"]

@@ -46,7 +46,9 @@ from lensemble.federation.messages import NodeSpec, Reply
 from lensemble.federation.participant import participant_round
 from lensemble.federation.pooling import (
     MEMBERS,
+    MOMENTS_PHASE,
     PREFIX,
+    SUMMARY_PHASE,
     secure_settings,
     secure_summary_divisors,
     secure_summary_payload,
@@ -194,9 +196,11 @@ def test_a_secure_pooled_federation_pools_only_the_sum_of_the_summaries(shared, 
     seen: list[tuple[str, object]] = []
 
     class Spy(Coordinator):
-        def close_summaries(self, t, replies, failures, *, wire_bytes=None, secure_sum=None):
-            extras = super().close_summaries(t, replies, failures, wire_bytes=wire_bytes, secure_sum=secure_sum)
-            closed[t] = {"replies": replies, "secure_sum": secure_sum, "extras": extras}
+        def close_summaries(self, t, replies, failures, *, wire_bytes=None, secure_sum=None, phase=SUMMARY_PHASE):
+            extras = super().close_summaries(t, replies, failures, wire_bytes=wire_bytes, secure_sum=secure_sum,
+                                             phase=phase)
+            if phase == SUMMARY_PHASE:  # the moments pass (SIGReg and BatchNorm pooled) comes first
+                closed[t] = {"replies": replies, "secure_sum": secure_sum, "extras": extras}
             return extras
 
     def observed(grid, cfg, cancel=None):  # every reply the coordinator receives, at every stage
@@ -248,6 +252,8 @@ def test_a_secure_pooled_federation_pools_only_the_sum_of_the_summaries(shared, 
                for stage, c in seen if stage == "collect masked vectors"]
     masked = [v.astype(np.float64) for v in vectors if v.size == summary_numel(cfg)]
     assert len(masked) == 2 * 2  # two summaries a round, two rounds: each masked
+    # the moments pass is masked too (BatchNorm fields only: its own size)
+    assert sum(v.size == summary_numel(cfg, MOMENTS_PHASE) for v in vectors) == 2 * 2
     for vec in masked:  # a masked summary looks uniform: it tells nothing about the summary
         for x in wire_forms:
             assert abs(np.corrcoef(vec, x.astype(np.float64))[0, 1]) < 0.5
@@ -272,13 +278,13 @@ def test_a_summary_outside_the_secagg_range_is_refused_naming_the_range(shared, 
         secure_summary_payload(dict(arrays, **{"ecf.mean": np.full(arrays["ecf.mean"].shape, np.nan, np.float32)}),
                                cfg)
     # a real participant at c = 1: its BatchNorm input means (~1.2 on micro) do not fit, and it
-    # refuses the summary ask rather than let SecAgg+ clip them; nothing is written for the round
+    # refuses the round's first summary pass (the moments ask) rather than let SecAgg+ clip them
     tight = load_config(base + POOLED + SECURE + ["federation.secagg_clip_range=1"])
     global_arrays = to_arrays(load_checkpoint(ws_dir).tensors)
     probe_hash = ensure_data(tight, progress=False)[1]["probe"]["content_hash"]
     node = NodeSpec(0, None, str(tmp_path / "nodes"))
     with pytest.raises(RoundError, match=r"outside the SecAgg\+ coordinate range \[-1, 1\]"):
-        participant_round(tight, node, global_arrays, {"round": 0, "probe-hash": probe_hash, "phase": "summary"})
+        participant_round(tight, node, global_arrays, {"round": 0, "probe-hash": probe_hash, "phase": MOMENTS_PHASE})
 
 
 def test_the_coordinator_refuses_individual_summaries_and_a_broken_summary_sum(shared, tmp_path):
@@ -342,17 +348,20 @@ def test_the_train_ask_sends_the_digest_not_the_global_again(shared, tmp_path, m
     flower = run_on_local_grid(cfg, tmp_path / "flower", progress=False)
     monkeypatch.undo()
     for t in range(cfg.federation.rounds):
+        # SIGReg and BatchNorm pooled: the moments pass first, which carries the global
+        moments_msgs = [m for m in sent if m["round"] == t and m["phase"] == MOMENTS_PHASE]
         summary_msgs = [m for m in sent if m["round"] == t and m["phase"] == "summary"]
         train_msgs = [m for m in sent if m["round"] == t and m["phase"] == "train"]
-        assert len(summary_msgs) == len(train_msgs) == 2
-        full = summary_msgs[0]["global_bytes"]
-        assert full > 0 and all(m["global_bytes"] == full and m["digest"] is None for m in summary_msgs)
-        assert all(m["global_bytes"] == 0 and m["keys"] == 0 for m in train_msgs)
-        assert all(m["cached_by"] == "silo-0,silo-1" for m in train_msgs)
+        assert len(moments_msgs) == len(summary_msgs) == len(train_msgs) == 2
+        full = moments_msgs[0]["global_bytes"]
+        assert full > 0 and all(m["global_bytes"] == full and m["digest"] is None for m in moments_msgs)
+        later = summary_msgs + train_msgs
+        assert all(m["global_bytes"] == 0 and m["keys"] == 0 for m in later)
+        assert all(m["cached_by"] == "silo-0,silo-1" for m in later)
         want = global_digest(to_arrays(load_checkpoint(tmp_path / "flower" / "rounds" / f"round-{t - 1:04d}" / "model")
                                        .tensors) if t else to_arrays(load_checkpoint(cfg.federation.warmstart).tensors))
-        assert {m["digest"] for m in train_msgs} == {want}
-    # fed/comm_bytes counts what moved: the global went down once a round, in the summary ask
+        assert {m["digest"] for m in later} == {want}
+    # fed/comm_bytes counts what moved: the global went down once a round, in the first summary pass
     rounds = [json.loads(line) for line in (tmp_path / "flower" / "metrics.jsonl").read_text().splitlines()]
     for r in rounds:
         assert r["fed/summary_bytes"] > 2 * full

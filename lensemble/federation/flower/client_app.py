@@ -52,7 +52,7 @@ from lensemble.federation.flower.secagg import (
 )
 from lensemble.federation.messages import NodeSpec
 from lensemble.federation.participant import participant_round, round_global
-from lensemble.federation.pooling import is_summary_round, summary_numel
+from lensemble.federation.pooling import is_summary_round, summary_numel, summary_phase
 from lensemble.federation.pooling import secure_settings as secure_summary_settings
 from lensemble.federation.robust import secure_update_settings
 from lensemble.federation.state import federated_keys
@@ -190,7 +190,7 @@ def _handle_train(msg: Message, context: Context, participant: Callable,
         check_private_egress({"probe_embeddings": reply.probe_embeddings, "metrics": reply.metrics})
     if secure:  # [secagg] checked here, then masked by secure_aggregation_mod around this handler
         if is_summary_round(round_config):  # the pooled objective's summary: its own size and bounds
-            numel, settings = summary_numel(cfg), secure_summary_settings(cfg)
+            numel, settings = summary_numel(cfg, summary_phase(round_config)), secure_summary_settings(cfg)
         else:
             keys = federated(cfg)
             params = {k: a for k, a in global_arrays.items() if k in keys and a.dtype.kind == "f"}
