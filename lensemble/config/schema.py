@@ -31,7 +31,22 @@ class _Section(BaseModel):
     # strict: no silent coercion ("federation.rounds=true" is not 1, "1e-3" as a string is not a
     # float); an int for a float field is still taken, as the float it names (1 -> 1.0), so YAML
     # and Hydra values such as ``1.0e-3`` or ``outer_lr=1`` validate and dump as before.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # allow_inf_nan=False: train.lr=inf or a NaN weight is refused here, not found as a NaN loss (issue 47).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+# [caps] Upper bounds (issue 47): far above every shipped config (largest: 40 rounds, 500 inner steps, batch
+# 128, 2000 episodes per silo, latent 192), low enough that an absurd value (train.batch_size=100000000) is
+# a ConfigError naming the field instead of an out-of-memory traceback minutes later. Validation only:
+# no dump, so no hash, changes.
+MAX_ROUNDS = 100_000
+MAX_STEPS = 10_000_000
+MAX_BATCH = 16_384
+MAX_EPISODES = 1_000_000
+MAX_LATENT = 4_096
+#: A run's name is the folder under runs/ (configs/config.yaml: run_dir: runs/${name}): one plain
+#: path component, so ``name=../..`` cannot write outside runs/.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
 # [device] Where training / planning run: "cpu" (the default, bitwise reproducible) or a CUDA device.
@@ -97,7 +112,7 @@ class ModelConfig(_Section):
         # IMPALA's (16, 32, 32) narrowed where the grid is largest: 2.5x less CPU (lensemble/model/cnn.py)
         (8, 16, 32), min_length=1, description="width of each stride-2 CNN stage (backbone=cnn)",
     )
-    latent_dim: int = Field(64, ge=2, description="d: dimension of one latent per frame")
+    latent_dim: int = Field(64, ge=2, le=MAX_LATENT, description="d: dimension of one latent per frame")
     projector_hidden: int = Field(512, ge=8)
     predictor_width: int = Field(256, ge=8)
     predictor_depth: int = Field(2, ge=1)
@@ -216,8 +231,8 @@ class ObjectiveConfig(_Section):
 class TrainConfig(_Section):
     """The inner loop. Budgets are in optimizer steps, never seconds."""
 
-    steps: int = Field(300, ge=1)
-    batch_size: int = Field(64, ge=1, description="clips per step")
+    steps: int = Field(300, ge=1, le=MAX_STEPS)
+    batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="clips per step")
     clip_len: int = Field(4, ge=2, description="latent steps per clip (frames at stride action_block)")
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.01, ge=0)
@@ -226,7 +241,7 @@ class TrainConfig(_Section):
     log_every: int = Field(10, ge=1)
     checkpoint_every: int = Field(0, ge=0, description="0: only the final checkpoint")
     threads: int = Field(1, ge=1, description="torch intra-op threads for training (2 was 3-4x slower on a loaded 2-core box)")
-    warmstart_steps: int = Field(300, ge=1, description="steps of the public-data warm start")
+    warmstart_steps: int = Field(300, ge=1, le=MAX_STEPS, description="steps of the public-data warm start")
     device: str = Field("cpu", pattern=DEVICE_PATTERN,
                         description="cpu | cuda | cuda:N: where the inner loop (and the warm start) trains; "
                                     "weights travel and are aggregated on the CPU either way (docs/federation.md)")
@@ -281,7 +296,7 @@ class DataConfig(_Section):
 
     root: str = Field("data", description="folder for shards (relative to the run or absolute)")
     num_silos: int = Field(2, ge=1)
-    episodes_per_silo: int = Field(40, ge=1)
+    episodes_per_silo: int = Field(40, ge=1, le=MAX_EPISODES)
     steps_per_episode: int = Field(100, ge=2)
     partition_factor: str = Field("agent.color", description="factor of variation defining silos")
     severity: float = Field(1.0, ge=0, le=1, description="0 = IID, 1 = disjoint factor values")
@@ -298,9 +313,9 @@ class DataConfig(_Section):
         "Reacher PD to poses), or goal_pusher (PushT only: pushes the block to a sequence of goal poses, "
         "lensemble/envs/pusht_pusher.py). The strict protocol's goal expert is the scripted one either way",
     )
-    heldout_episodes: int = Field(10, ge=0, description="held-out episodes per silo (episode split)")
+    heldout_episodes: int = Field(10, ge=0, le=MAX_EPISODES, description="held-out episodes per silo (episode split)")
     probe_frames: int = Field(256, ge=1, description="|P|: public probe frames")
-    public_episodes: int = Field(40, ge=0, description="public-corpus episodes (warm start data)")
+    public_episodes: int = Field(40, ge=0, le=MAX_EPISODES, description="public-corpus episodes (warm start data)")
     workers: int = Field(2, ge=1, description="collection processes")
 
     @model_serializer(mode="wrap")
@@ -333,8 +348,8 @@ class GaugeConfig(_Section):
 class FederationConfig(_Section):
     """DiLoCo rounds."""
 
-    rounds: int = Field(3, ge=1)
-    inner_steps: int = Field(50, ge=1, description="H: local AdamW steps per round")
+    rounds: int = Field(3, ge=1, le=MAX_ROUNDS)
+    inner_steps: int = Field(50, ge=1, le=MAX_STEPS, description="H: local AdamW steps per round")
     outer_lr: float = Field(0.7, gt=0)
     outer_momentum: float = Field(0.9, ge=0, lt=1)
     nesterov: bool = True
@@ -429,7 +444,7 @@ class EvalConfig(_Section):
     iterations: int = Field(30, ge=1)
     topk: int = Field(30, ge=1)
     mppi_temperature: float = Field(0.5, gt=0)
-    episodes: int = Field(50, ge=1)
+    episodes: int = Field(50, ge=1, le=MAX_EPISODES)
     goal_offset: int = Field(25, ge=1, description="goal = the state this many env steps ahead (of goal_source)")
     goal_source: Literal["expert", "dataset"] = Field(
         "expert",
@@ -487,7 +502,8 @@ class EvalConfig(_Section):
 class LensembleConfig(_Section):
     """The whole run configuration."""
 
-    name: str = "tiny"
+    name: str = Field("tiny", pattern=NAME_PATTERN, description="the run's name: its folder under runs/ "
+                      "(letters, digits, '.', '_', '-'; no path separators, not '..')")
     root_seed: int = 0
     run_dir: str = "runs/default"
     model: ModelConfig = ModelConfig()
