@@ -116,7 +116,7 @@ class _Runner:
         if recorded.exists():
             rec = json.loads(recorded.read_text())
             folder = self.run_dir(run_id) / rec["checkpoint_rel"]
-            scratch_ok = (folder / "header.json").exists() and read_header(folder)["content_hash"] == rec["checkpoint_hash"]
+            scratch_ok = warmstarts.holds(folder, rec["checkpoint_hash"])  # by its weights, not its header
             if scratch_ok or warmstarts.restore(self.study_dir, run_id, folder, rec["checkpoint_hash"]):
                 warmstarts.keep(self.study_dir, run_id, folder)
                 self._warm_ckpt[run_id] = str(folder)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from lensemble.artifacts.checkpoint import load_checkpoint, read_header
 from lensemble.data.residency import guard_export
+from lensemble.errors import ArtifactError
 
 WARMSTARTS = "warmstarts"
 
@@ -32,21 +33,42 @@ def kept_path(study_dir: str | Path, run_id: str) -> Path:
     return Path(study_dir) / WARMSTARTS / run_id
 
 
+def holds(folder: str | Path, expected_hash: str) -> bool:
+    """Whether ``folder`` holds checkpoint ``expected_hash``: its weights are read and hashed, not
+    only its header (issue 47: a scratch copy whose weights changed under an intact header was
+    used, and kept)."""
+    if not (Path(folder) / "header.json").exists():
+        return False
+    try:
+        load_checkpoint(folder, expected_hash=expected_hash)
+    except ArtifactError:  # CheckpointIntegrityError and an unreadable header alike
+        return False
+    return True
+
+
 def keep(study_dir: str | Path, run_id: str, folder: str | Path) -> Path:
     """Copy the checkpoint ``folder`` into the study folder (once: a kept copy with the same content
-    hash is left alone; one with another hash is an error, since finished runs may depend on it)."""
+    hash is left alone; one with another hash is an error, since finished runs may depend on it).
+
+    Both are compared by content: ``folder``'s weights are verified against its header before they
+    are copied (CheckpointIntegrityError otherwise), and a kept copy whose header names the same
+    hash but whose weights no longer match it (corrupted) is replaced by the verified ``folder``."""
     dest = kept_path(study_dir, run_id)
-    want = read_header(folder)["content_hash"]
+    want = load_checkpoint(folder).header["content_hash"]  # raises on weights that do not match the header
     if (dest / "header.json").exists():
         have = read_header(dest)["content_hash"]
         if have != want:
             raise ValueError(f"{dest} keeps warm start {have[:12]}…, not {want[:12]}…: remove it only if no "
                              "finished run of the study used it")
-        return dest
+        if holds(dest, want):
+            return dest
+        # same warm start by its header, damaged weights: the verified copy replaces it
     guard_export(dest)
     tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(folder, tmp)
+    if dest.exists():
+        shutil.rmtree(dest)  # only a damaged copy of this very warm start gets here
     os.replace(tmp, dest)  # a study killed mid-copy leaves a .tmp folder, never half a warm start
     return dest
 
