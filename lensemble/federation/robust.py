@@ -329,7 +329,7 @@ def screen_updates(cfg: LensembleConfig, deltas: Mapping[str, StateDict], histor
         kept, turned, scores = screen_directions(kept, min_cosine=float(f.update_min_cosine))
         dropped |= turned
         metrics |= {"fed/direction_dropped": len(turned),
-                    "fed/direction_score_min": min((scores[p] for p in kept), default=None)}
+                    "fed/direction_score_min": min((scores[p] for p in kept if p in scores), default=None)}
     metrics["fed/update_norm_max"] = max((norms[p] for p in kept), default=None)
     return kept, dropped, metrics, {p: norms[p] for p in kept}
 

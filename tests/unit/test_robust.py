@@ -61,8 +61,9 @@ def test_a_tiny_update_cannot_drag_the_reference_down_once_there_is_history():
     history = [0.30, 0.33, 0.28, 0.31]
     nb = norm_bound({"silo-0": 0.3, "silo-1": 1e-9}, history, step=4.2, factor=10.0)
     assert nb.reference == pytest.approx(0.30) and nb.bound == pytest.approx(3.0)
-    # without history (round 0) it does: the honest update would be dropped, the round then fails
-    # its quorum (a denial of service any non-replying silo has too; docs, threat model)
+    # without history (round 0) and without a floor it does: the honest update would be dropped
+    # (issue 47's round-0 denial of service); the coordinator passes norm_floor, which no
+    # participant can lower (tests/unit/test_hostile_silo.py)
     assert norm_bound({"silo-0": 0.3, "silo-1": 1e-9}, [], step=4.2, factor=10.0).bound == pytest.approx(1e-8)
 
 
