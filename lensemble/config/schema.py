@@ -84,14 +84,15 @@ _MODEL_ADDED_DEFAULTS = {"predictor_attention": "window", "input_norm": "pixel",
 _TRAIN_ADDED_DEFAULTS = {"bn_recalibration_batches": 40, "silo_batches": False, "silo_statistics": "none",
                          "precision": DEFAULT_PRECISION}
 _OBJECTIVE_ADDED_DEFAULTS = {"lambda_straight": 0.0, "lambda_rollout": 0.0, "lambda_inverse": 0.0,
-                             "sigreg_scope": "silo", "bn_scope": "batch", "summary_clips": 512}
+                             "sigreg_scope": "silo", "bn_scope": "batch", "summary_clips": 512,
+                             "bn_cross_gradient": True}
 _EVAL_ADDED_DEFAULTS = {"goal_source": "expert", "cost": "l1", "reach_source": "public", "reach_aggregate": "final",
                         "reach_max_gap": 50, "reach_steps": 2000, "precision": DEFAULT_PRECISION}
 _DATA_ADDED_DEFAULTS = {"shared_homes": False, "expert": "scripted"}
 _FEDERATION_ADDED_DEFAULTS = {"bn_recalibration": "probe", "secure_aggregation": False, "secagg_clip_range": 8.0,
                               "secagg_bits": 24, "secagg_max_norm": None, "secagg_threshold": 2,
                               "update_norm_factor": 10.0, "update_max_norm": None, "aggregate": "mean", "trim": 1,
-                              "update_norm_floor": 0.5, "update_min_cosine": 0.0,
+                              "update_norm_floor": 0.5, "update_max_cancel": 0.5,
                               "summary_max_abs": 1e3}
 
 
@@ -221,6 +222,14 @@ class ObjectiveConfig(_Section):
         512, ge=1,
         description="clips of its own training data each participant summarises per round for the pooled "
         "statistics (sigreg_scope=pooled or bn_scope=pooled), encoded with the round's global model",
+    )
+    bn_cross_gradient: bool = Field(
+        True,
+        description="with bn_scope=pooled: each participant also sends its loss's gradient with respect to the "
+        "round's pooled BatchNorm moments (2H floats, one more summary pass) and adds the others' to its own, as "
+        "SyncBatchNorm's backward does; without it a silo's frames never feel what they do to the other silos' "
+        "outputs through the pooled moments, and the mean update is not the data-parallel one "
+        "(tests/unit/test_pooled_exact.py)",
     )
 
     @model_serializer(mode="wrap")
@@ -408,11 +417,12 @@ class FederationConfig(_Section):
                                             "this fraction of the step bound (config and global alone, so a "
                                             "participant sending a near-zero update cannot get the others dropped); "
                                             "the step bound itself under DP; None: no floor")
-    # 0.0: honest updates' agreement scores measured >= 0.055 (micro, rungs 1, 3, 5), a -9x flipped one's <= -0.009.
-    update_min_cosine: float | None = Field(0.0, ge=-1, lt=1, description="direction screen: with >= 3 updates "
-                                            "each must have a cosine >= this with at least ⌈(C-1)/2⌉ of the others; "
-                                            "with 2, a pair whose mean turns against one of them is dropped; off "
-                                            "under DP and secure aggregation; None: off")
+    # 0.5: a -9x flipped update cancelled 1.0-3x the others' step on micro, honest ones < 0.05 (issue 47).
+    update_max_cancel: float | None = Field(0.5, gt=0, le=1, description="direction screen: an update that "
+                                            "cancels more than this fraction of the others' step (their mean, or "
+                                            "median with >= 3 others) along its direction is dropped; with 2 updates "
+                                            "both are (no way to tell which is hostile); off under DP and secure "
+                                            "aggregation; None: off")
     # 1e3: honest summary values measured <= 1.8 (micro: BatchNorm input means 1.8, projection means 0.85).
     summary_max_abs: float = Field(1e3, gt=0, description="M: on the plaintext path a pooled-objective summary's "
                                    "projection means and BatchNorm input means and variances must lie in [-M, M] "

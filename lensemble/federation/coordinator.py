@@ -41,11 +41,14 @@ from lensemble.federation.locks import lock_folder
 from lensemble.federation.messages import Reply, participant_id
 from lensemble.federation.outer import OuterOptimizer
 from lensemble.federation.pooling import (
+    GRADIENT_PHASE,
     MEMBERS,
     MOMENTS_PHASE,
     SUMMARY_PHASE,
     close_secure_summaries,
     close_summaries,
+    members_key,
+    needs_gradient_pass,
     needs_moments_first,
 )
 from lensemble.federation.privacy import PrivacyLedger, ReleaseTally
@@ -284,11 +287,27 @@ class Coordinator:
         both pooled: the ECF summaries are encoded under the round's pooled moments)."""
         return needs_moments_first(self.cfg)
 
+    @property
+    def gradient_pass(self) -> bool:
+        """Whether each round's summary ask is followed by the moment-gradient ask (BatchNorm pooled
+        with ``objective.bn_cross_gradient``)."""
+        return needs_gradient_pass(self.cfg)
+
     def summary_config(self, t: int) -> dict:
         return {**self.round_config(t), "phase": SUMMARY_PHASE}
 
     def moments_config(self, t: int) -> dict:
         return {**self.round_config(t), "phase": MOMENTS_PHASE}
+
+    def gradient_config(self, t: int) -> dict:
+        return {**self.round_config(t), "phase": GRADIENT_PHASE}
+
+    def close_gradients(self, t: int, replies: dict[str, Reply], failures: dict[str, str], *,
+                        wire_bytes: int | None = None, secure_sum: SecureSum | None = None) -> dict[str, np.ndarray]:
+        """The pooled mean of round t's moment gradients as extras for the train ask (with
+        ``pooled.bngrad-members``); like :meth:`close_summaries`, whose bytes it joins."""
+        return self.close_summaries(t, replies, failures, wire_bytes=wire_bytes, secure_sum=secure_sum,
+                                    phase=GRADIENT_PHASE)
 
     def close_moments(self, t: int, replies: dict[str, Reply], failures: dict[str, str], *,
                       wire_bytes: int | None = None, secure_sum: SecureSum | None = None) -> dict[str, np.ndarray]:
@@ -316,17 +335,17 @@ class Coordinator:
         else:
             extras, metrics = close_summaries(self.cfg, t, replies, failures, phase)
         wire = wire_bytes if wire_bytes is not None else sum(payload_nbytes(r.payload) for r in replies.values())
-        earlier = self._summary_metrics if phase == SUMMARY_PHASE and self._summary_round == t else None
-        if earlier is not None and ("fed/summary_participants" in earlier or "fed/moments_participants" not in earlier):
-            earlier = None  # a retried round's earlier attempt, not this attempt's moments pass
-        if phase == MOMENTS_PHASE:
-            metrics = {"fed/moments_participants": metrics["fed/summary_participants"],
-                       "fed/moments_floats": metrics["fed/summary_floats"]}
-        # the round's summary bytes count both passes
+        first = MOMENTS_PHASE if self.moments_first else SUMMARY_PHASE
+        # the round's summary bytes count every pass; the first pass of an attempt starts afresh
+        earlier = self._summary_metrics if phase != first and self._summary_round == t else None
+        word = {MOMENTS_PHASE: "moments", SUMMARY_PHASE: "summary", GRADIENT_PHASE: "gradient"}[phase]
+        metrics = {k.replace("fed/summary_", f"fed/{word}_"): v for k, v in metrics.items()}
         self._summary_metrics = {**(earlier or {}), **metrics,
                                  "fed/summary_bytes": int(wire) + int((earlier or {}).get("fed/summary_bytes", 0))}
         self._summary_round = t
-        self._summary_members = (t, [participant_id(int(m)) for m in np.asarray(extras[MEMBERS]).ravel()])
+        if phase != GRADIENT_PHASE:  # who kept this round's global: those of the latest pass
+            members = np.asarray(extras[members_key(phase)]).ravel()
+            self._summary_members = (t, [participant_id(int(m)) for m in members])
         return extras
 
     def global_cache_config(self, t: int) -> dict:

@@ -1,7 +1,7 @@
 """The pooled objective under federation: the summary exchange at the start of each round.
 
-With ``objective.sigreg_scope=pooled`` or ``objective.bn_scope=pooled`` a round has two asks, or
-three when both are pooled:
+With ``objective.sigreg_scope=pooled`` or ``objective.bn_scope=pooled`` a round has two to four
+asks (the passes of :data:`PHASES`, then the train ask):
 
 0. **moments** (round config ``phase=moments``; only when SIGReg *and* BatchNorm are pooled):
    every participant replies with the BatchNorm input moments of its ``objective.summary_clips``
@@ -18,6 +18,15 @@ three when both are pooled:
    BatchNorm input moments) as a flat fp32 payload, nothing else (no probe embeddings). It keeps
    its own summary on its disk for step 2. The coordinator validates the replies like updates
    (shape, finiteness, round), requires the quorum and averages them: the pooled summary.
+1b. **moment gradients** (``phase=moment-gradients``; BatchNorm pooled and
+   ``objective.bn_cross_gradient``): under the pooled summary each participant sends the gradient
+   of its first inner step's loss with respect to the pooled BatchNorm moments, through its own
+   outputs (2H floats: :func:`~lensemble.training.pooling.moment_gradients`); the train ask carries
+   their mean and each participant adds the others' part to the gradient of its moments at every
+   inner step. This is the part of SyncBatchNorm's backward a summary of latents cannot carry:
+   without it the mean update misses how a silo's frames move the *other* silos' outputs through
+   the pooled moments, which on a test-size model was 3.4 times the data-parallel step's norm
+   (tests/unit/test_pooled_exact.py).
 2. **train**: the extras carry the pooled mean (``pooled.*`` arrays) and the contributing
    partition ids (``pooled.members``); each participant rebuilds the others' part (C·mean − own,
    :func:`~lensemble.model.pooled.others_pooling`) and trains its H inner steps on its live batch
@@ -63,26 +72,51 @@ from lensemble.federation.validation import (
     validate_updates,
 )
 from lensemble.model.objective import BatchStatistics
-from lensemble.model.pooled import MOMENT_FIELDS, SiloSummary, others_pooling
-from lensemble.training.pooling import needs_moments_first, pools_anything, pools_batchnorm, pools_sigreg, summarise
+from lensemble.model.pooled import (
+    GRADIENT_FIELDS,
+    MOMENT_FIELDS,
+    SiloSummary,
+    others_pooling,
+    pooled_moments,
+    raw_gradients,
+)
+from lensemble.training.pooling import (
+    moment_gradients,
+    needs_gradient_pass,
+    needs_moments_first,
+    participant_statistics,
+    pools_anything,
+    pools_batchnorm,
+    pools_sigreg,
+    summarise,
+)
 
 SUMMARY_PHASE = "summary"
 MOMENTS_PHASE = "moments"
+GRADIENT_PHASE = "moment-gradients"
+PHASES = (MOMENTS_PHASE, SUMMARY_PHASE, GRADIENT_PHASE)  # in the order a round runs them
 PREFIX = "pooled."
 MEMBERS = PREFIX + "members"
+GRADIENT_MEMBERS = PREFIX + "bngrad-members"  # who sent moment gradients (may differ from MEMBERS)
 
 
 def is_summary_round(round_config: dict) -> bool:
-    """Whether this ask is one of the pooled objective's summary passes (moments or summary)."""
-    return round_config.get("phase") in (SUMMARY_PHASE, MOMENTS_PHASE)
+    """Whether this ask is one of the pooled objective's summary passes (moments, summary, moment
+    gradients) rather than the train ask."""
+    return round_config.get("phase") in PHASES
 
 
 def summary_phase(round_config: dict) -> str:
-    """The pass a summary ask asks for: :data:`MOMENTS_PHASE` or :data:`SUMMARY_PHASE`."""
+    """The pass a summary ask asks for: one of :data:`PHASES`."""
     phase = round_config.get("phase")
-    if phase not in (SUMMARY_PHASE, MOMENTS_PHASE):
+    if phase not in PHASES:
         raise ValueError(f"round config phase {phase!r} is not a summary pass")
     return phase
+
+
+def members_key(phase: str) -> str:
+    """The extras key naming a pass's contributors."""
+    return GRADIENT_MEMBERS if phase == GRADIENT_PHASE else MEMBERS
 
 
 def summary_template(cfg: LensembleConfig, phase: str = SUMMARY_PHASE) -> dict[str, torch.Tensor]:
@@ -90,6 +124,8 @@ def summary_template(cfg: LensembleConfig, phase: str = SUMMARY_PHASE) -> dict[s
     of :meth:`SiloSummary.to_arrays`, sorted): the layout replies are validated against. The
     moments pass carries the BatchNorm fields only."""
     s, k, h = cfg.objective.sigreg_directions, cfg.objective.sigreg_knots, cfg.model.projector_hidden
+    if phase == GRADIENT_PHASE:  # ∂L/∂(pooled μ, σ²) of the one BatchNorm layer
+        return {f"bngrad.0.{f}": torch.zeros(h) for f in GRADIENT_FIELDS}
     out: dict[str, torch.Tensor] = {}
     if pools_sigreg(cfg) and phase == SUMMARY_PHASE:
         out |= {"ecf.cos": torch.zeros(s, k), "ecf.sin": torch.zeros(s, k), "ecf.mean": torch.zeros(s)}
@@ -109,7 +145,9 @@ def summary_numel(cfg: LensembleConfig, phase: str = SUMMARY_PHASE) -> int:
 _FIELD_WORDS = {"ecf.cos": "a mean of cos(t·p)", "ecf.sin": "a mean of sin(t·p)",
                 "ecf.mean": "the latents' mean projection on a sketch direction",
                 "mean": "a BatchNorm input feature's mean", "var": "a BatchNorm input feature's variance",
-                "meansq": "a BatchNorm input feature's squared mean"}
+                "meansq": "a BatchNorm input feature's squared mean",
+                "bngrad.0.mean": "a loss gradient with respect to a pooled BatchNorm mean",
+                "bngrad.0.var": "a loss gradient with respect to a pooled BatchNorm variance"}
 
 
 def secure_settings(cfg: LensembleConfig) -> SecAggSettings:
@@ -118,17 +156,24 @@ def secure_settings(cfg: LensembleConfig) -> SecAggSettings:
     return dataclasses.replace(SecAggSettings.from_config(cfg.federation), max_norm=None)
 
 
+#: The public divisor of standardised moment gradients under SecAgg+ (a power of two: dividing is
+#: exact): with c = 8 they may reach 512 in magnitude; q·64 ≈ 6e-5 at b = 24 bounds their pooled mean.
+GRADIENT_DIVISOR = 64.0
+
+
 def secure_summary_divisors(cfg: LensembleConfig, phase: str = SUMMARY_PHASE) -> dict[str, float]:
     """Public divisors, per summary field, that a summary travels under SecAgg+ with.
 
     ``bn.<i>.meansq`` is divided by c (``federation.secagg_clip_range``), so it fits [-c, c]
     exactly when the mean does (mean² / c <= c iff |mean| <= c); every other field by 1 (ECF cos
     and sin lie in [-1, 1], and c >= 1 is required: :func:`~lensemble.federation.checks.check_federation_config`; projection means, BatchNorm input means and
-    variances must lie in [-c, c] as they are). The coordinator multiplies the mean back, so a
-    field's pooled-mean error bound is its divisor times q = 2c/2^b.
+    variances must lie in [-c, c] as they are). Moment gradients (``bngrad.*``, standardised: sums
+    of the outputs' gradients) are divided by :data:`GRADIENT_DIVISOR`. The coordinator multiplies the mean
+    back, so a field's pooled-mean error bound is its divisor times q = 2c/2^b.
     """
     c = float(cfg.federation.secagg_clip_range)
-    return {k: (c if k.endswith(".meansq") else 1.0) for k in summary_template(cfg, phase)}
+    return {k: (c if k.endswith(".meansq") else GRADIENT_DIVISOR if k.startswith("bngrad.") else 1.0)
+            for k in summary_template(cfg, phase)}
 
 
 def _field_words(key: str) -> str:
@@ -203,7 +248,7 @@ def close_secure_summaries(cfg: LensembleConfig, t: int, replies: dict[str, Repl
                                     f"beyond 1 + q = {1.0 + q:.4g}: the unmasked summary sum is broken")
         mean[key] = value.to(torch.float32).numpy()
     extras = {PREFIX + k: v for k, v in mean.items()}
-    extras[MEMBERS] = np.asarray([int(p.rsplit("-", 1)[1]) for p in contributors], dtype=np.int64)
+    extras[members_key(phase)] = np.asarray([int(p.rsplit("-", 1)[1]) for p in contributors], dtype=np.int64)
     metrics = {"fed/summary_participants": len(contributors), "fed/summary_floats": layout.numel,
                "fed/summary_secagg_sum_max_abs": checked["fed/secagg_sum_max_abs"],
                "fed/summary_secagg_sum_norm": checked["fed/secagg_sum_norm"],
@@ -217,7 +262,8 @@ def _own_path(state_dir: Path, t: int) -> Path:
 
 def pooled_mean_of(extras: dict[str, np.ndarray] | None) -> SiloSummary | None:
     """The pooled mean summary an ask's extras carry (``pooled.*``), or None when they carry none."""
-    arrays = {k[len(PREFIX):]: v for k, v in (extras or {}).items() if k.startswith(PREFIX) and k != MEMBERS}
+    arrays = {k[len(PREFIX):]: v for k, v in (extras or {}).items()
+              if k.startswith(PREFIX) and k not in (MEMBERS, GRADIENT_MEMBERS)}
     return SiloSummary.from_arrays(arrays) if arrays else None
 
 
@@ -231,7 +277,10 @@ def summary_round(cfg: LensembleConfig, model, sampler, sketch: torch.Tensor, st
     its own copy stays in ``state_dir`` for the train ask."""
     started = time.perf_counter()
     gen = torch_generator(cfg.root_seed, "summary", participant_id, t)
-    obs = sampler.sample(cfg.objective.summary_clips, gen).obs
+    clips = sampler.sample(cfg.objective.summary_clips, gen)
+    if phase == GRADIENT_PHASE:
+        return _gradient_round(cfg, model, clips, sketch, state_dir, participant_id, t, extras, started)
+    obs = clips.obs
     pooled = None
     if phase == SUMMARY_PHASE and needs_moments_first(cfg):
         mean = pooled_mean_of(extras)
@@ -254,6 +303,37 @@ def summary_round(cfg: LensembleConfig, model, sampler, sketch: torch.Tensor, st
     return Reply(t, payload, np.zeros((0, cfg.model.latent_dim), dtype=np.float32), metrics)
 
 
+def _gradient_round(cfg: LensembleConfig, model, clips, sketch: torch.Tensor, state_dir: Path, participant_id: str,
+                    t: int, extras: dict[str, np.ndarray] | None, started: float) -> Reply:
+    """Step 2 (the moment-gradient pass) on one participant: ∂L/∂(pooled μ, σ²) of its loss at its
+    first inner step on its summary clips, under the pooled summary in ``extras`` (its own summary
+    from disk); kept beside its summary for the train ask."""
+    mean = pooled_mean_of(extras)
+    if mean is None or mean.bn is None or not extras or MEMBERS not in extras:
+        raise RoundError(f"round {t}: the moment-gradient ask carries no pooled summary",
+                         remediation="the coordinator runs the summary ask first (federation/rounds.py); the round is "
+                                     "retried")
+    members = [int(m) for m in np.asarray(extras[MEMBERS]).ravel()]
+    own = _load_own(state_dir, t) if int(participant_id.rsplit("-", 1)[1]) in members else None
+    pooling = others_pooling(SiloSummary(mean.ecf, mean.bn), own and SiloSummary(own.ecf, own.bn), len(members))
+    grads = moment_gradients(model, clips, sketch, cfg, pooling, mean.bn)
+    arrays = SiloSummary(None, None, grads).to_arrays()
+    if cfg.federation.secure_aggregation:
+        payload = secure_summary_payload(arrays, cfg, GRADIENT_PHASE)
+    else:
+        payload = encode_delta({k: torch.from_numpy(arrays[k]) for k in sorted(arrays)})
+    if own is not None:  # its own part, to subtract from the pooled sum in the train ask
+        np.savez(_own_path(state_dir, t), **(own.to_arrays() | arrays))
+    metrics = {"fed/summary_clips": cfg.objective.summary_clips, "fed/compute_seconds": time.perf_counter() - started}
+    return Reply(t, payload, np.zeros((0, cfg.model.latent_dim), dtype=np.float32), metrics)
+
+
+def _load_own(state_dir: Path, t: int) -> SiloSummary:
+    """This participant's own summary of round t (and its moment gradients, once sent) from its disk."""
+    with np.load(_own_path(state_dir, t)) as f:
+        return SiloSummary.from_arrays({k: f[k] for k in f.files})
+
+
 def pooled_statistics(cfg: LensembleConfig, extras: dict[str, np.ndarray] | None, state_dir: Path,
                       partition_id: int, t: int) -> BatchStatistics | None:
     """Step 2 on one participant: its :class:`BatchStatistics` for round t's inner steps from the
@@ -264,14 +344,20 @@ def pooled_statistics(cfg: LensembleConfig, extras: dict[str, np.ndarray] | None
         raise KeyError(f"round {t}: the pooled objective is on but the round carries no pooled summary")
     members = [int(m) for m in np.asarray(extras[MEMBERS]).ravel()]
     mean = pooled_mean_of(extras)
-    own = None
-    if partition_id in members:
-        with np.load(_own_path(state_dir, t)) as f:
-            own = SiloSummary.from_arrays({k: f[k] for k in f.files})
-    pooling = others_pooling(mean, own, len(members))
-    # [pooled] the coordinator averages the C updates: the factor C on SIGReg makes their mean
-    # gradient the union batch's, as the data-parallel twin descends it (model/objective.py)
-    return BatchStatistics(pooling=(pooling,), sigreg_weight=float(pooling.parties) if pooling.ecf is not None else 1.0)
+    own = _load_own(state_dir, t) if partition_id in members else None
+    pooling = others_pooling(SiloSummary(mean.ecf, mean.bn), own and SiloSummary(own.ecf, own.bn), len(members))
+    if mean.bn_grad is not None:
+        # the moment gradients' contributors may be fewer than the summaries' (a silo lost between
+        # the passes): the others' part of their sum is taken over their own members
+        grad_members = [int(m) for m in np.asarray(extras[GRADIENT_MEMBERS]).ravel()]
+        own_grad = own.bn_grad if own is not None and partition_id in grad_members else None
+        others = others_pooling(SiloSummary(None, None, mean.bn_grad),
+                                SiloSummary(None, None, own_grad) if own_grad is not None else None,
+                                len(grad_members)).bn_grad
+        pooling.bn_grad = raw_gradients(others, pooled_moments(mean.bn))  # they travel standardised
+    elif needs_gradient_pass(cfg):
+        raise KeyError(f"round {t}: objective.bn_cross_gradient is on but the round carries no pooled moment gradients")
+    return participant_statistics(pooling)
 
 
 def close_summaries(cfg: LensembleConfig, t: int, replies: dict[str, Reply], failures: dict[str, str],
@@ -293,12 +379,13 @@ def close_summaries(cfg: LensembleConfig, t: int, replies: dict[str, Reply], fai
     members = sorted(accepted)
     mean = {k: torch.stack([accepted[p][k].double() for p in members]).mean(0).float() for k in template}
     extras = {PREFIX + k: v.numpy() for k, v in mean.items()}
-    extras[MEMBERS] = np.asarray([int(p.rsplit("-", 1)[1]) for p in members], dtype=np.int64)
+    extras[members_key(phase)] = np.asarray([int(p.rsplit("-", 1)[1]) for p in members], dtype=np.int64)
     metrics = {"fed/summary_participants": len(members), "fed/summary_dropped": len(refused),
                "fed/summary_floats": int(sum(v.numel() for v in template.values()))}
     return extras, metrics
 
 
-__all__ = ["MEMBERS", "MOMENTS_PHASE", "PREFIX", "SUMMARY_PHASE", "close_secure_summaries",
+__all__ = ["GRADIENT_MEMBERS", "GRADIENT_PHASE", "MEMBERS", "MOMENTS_PHASE", "PHASES", "PREFIX", "SUMMARY_PHASE",
+           "close_secure_summaries", "members_key", "needs_gradient_pass",
            "close_summaries", "is_summary_round", "needs_moments_first", "pooled_mean_of", "summary_phase", "pooled_statistics", "secure_settings", "secure_summary_divisors",
            "secure_summary_payload", "summary_numel", "summary_round", "summary_template"]

@@ -20,7 +20,9 @@ The coordinator is duck-typed: ``num_rounds``, ``next_round``, ``round_config(t)
 ``before_ask(t)`` (called just before every ask: the DP tally counts asks durably), optional
 ``pools`` with ``summary_config(t)``, ``close_summaries(t, replies, failures, wire_bytes=[,
 secure_sum=])`` (and, when ``moments_first``, ``moments_config(t)`` and ``close_moments(...)``: the
-BatchNorm moments pass before the summary ask, whose extras are its result) and optional ``global_cache_config(t)`` (the pooled objective's summary ask before
+BatchNorm moments pass before the summary ask, whose extras are its result; when
+``gradient_pass``, ``gradient_config(t)`` and ``close_gradients(...)``: the moment-gradient pass
+after it, asked with the pooled summary, whose result joins the train ask's extras) and optional ``global_cache_config(t)`` (the pooled objective's summary ask before
 the train ask, :mod:`lensemble.federation.pooling`; the train ask's round config then names the
 global by its digest for the participants that kept it, :mod:`lensemble.federation.global_cache`,
 and an ask sends those an empty global), ``close_round(t, replies, failures, wire_bytes=,
@@ -102,12 +104,21 @@ def drive_rounds(coordinator: Any, ask: AskFn, federation: FederationConfig, *, 
                                     federation.round_timeout_s)
                     # under secure aggregation the summaries come as their SecAgg+ sum
                     secure = {"secure_sum": summaries.secure_sum} if summaries.secure_sum is not None else {}
-                    extras |= coordinator.close_summaries(t, summaries.replies, summaries.failures,
-                                                          wire_bytes=summaries.wire_bytes, **secure)
-                    if hasattr(coordinator, "global_cache_config"):
-                        # those whose summary was accepted kept this global: the train ask sends
-                        # them its digest instead (federation/global_cache.py)
-                        round_config = {**round_config, **coordinator.global_cache_config(t)}
+                    pooled = coordinator.close_summaries(t, summaries.replies, summaries.failures,
+                                                         wire_bytes=summaries.wire_bytes, **secure)
+                    cached = coordinator.global_cache_config(t) if hasattr(coordinator, "global_cache_config") else {}
+                    if getattr(coordinator, "gradient_pass", False):
+                        # BatchNorm pooled: each participant's gradient with respect to the pooled
+                        # moments, under the pooled summary; the train ask carries their mean
+                        grads = ask(t, {**coordinator.gradient_config(t), **cached}, coordinator.global_arrays(),
+                                    pooled, federation.round_timeout_s)
+                        secure = {"secure_sum": grads.secure_sum} if grads.secure_sum is not None else {}
+                        pooled |= coordinator.close_gradients(t, grads.replies, grads.failures,
+                                                              wire_bytes=grads.wire_bytes, **secure)
+                    extras |= pooled
+                    # those whose summary was accepted kept this global: the train ask sends
+                    # them its digest instead (federation/global_cache.py)
+                    round_config = {**round_config, **cached}
                 answers = ask(t, round_config, coordinator.global_arrays(), extras, federation.round_timeout_s)
                 seconds = time.monotonic() - started
                 # only a secure ask passes the sum: a coordinator without secure aggregation

@@ -41,6 +41,7 @@ from lensemble.model.sigreg import _knot_weights, sigreg
 ECF_FIELDS = ("cos", "sin", "mean")
 ECF_KEYS = tuple(f"ecf.{f}" for f in ECF_FIELDS)
 MOMENT_FIELDS = ("mean", "var", "meansq")
+GRADIENT_FIELDS = ("mean", "var")
 
 
 @dataclass
@@ -78,17 +79,75 @@ class Moments:
 
 
 @dataclass
+class MomentGradient:
+    """One BatchNorm layer: the gradient of a party's loss with respect to the pooled moments it
+    is normalised with, through that party's own outputs: ∂L_k/∂μ and ∂L_k/∂σ² (H,), float32
+    (in a summary that travels: standardised, :func:`standardised_gradients`).
+
+    This is what SyncBatchNorm's backward all-reduces. Under the pooled objective a party's frames
+    move the pooled moments and so every *other* party's outputs; no summary of latents carries
+    that path, so each party sends this and the others add it (:class:`PoolableBatchNorm1d`).
+    """
+
+    mean: torch.Tensor
+    var: torch.Tensor
+
+
+@dataclass
 class Pooling:
     """The fixed part of one party's pooled statistics: the *other* parties' summaries, summed
     (``others`` of them), and ``parties`` = C, the number of parties the pooled mean is over.
 
     The pooled ECF a party trains with is (ECF_live + Σ_others ECF_j) / C; with ``others`` = 0 it
-    is the live batch's own (the silo objective).
+    is the live batch's own (the silo objective). ``bn_grad`` (per BatchNorm layer, Σ over the
+    others of their :class:`MomentGradient`) closes the cross-party path through the pooled moments.
     """
 
     parties: int
     ecf: EcfSummary | None = None          # Σ over the others (cos, sin, mean summed)
     bn: list[Moments] | None = None        # per BatchNorm layer, Σ over the others
+    bn_grad: list[MomentGradient] | None = None  # per BatchNorm layer, Σ over the others
+
+
+#: The variance offset of the moment gradients' standardisation (nn.BatchNorm1d's default eps): both
+#: ends use it, so :func:`standardised_gradients` and :func:`raw_gradients` are exact inverses.
+GRADIENT_EPS = 1e-5
+
+
+def standardised_gradients(grads: Sequence[MomentGradient], pooled: Sequence[tuple[torch.Tensor, torch.Tensor]]
+                           ) -> list[MomentGradient]:
+    """Moment gradients as they travel: ∂L/∂μ·√(σ²+ε) and ∂L/∂σ²·(σ²+ε) at the pooled (μ, σ²) of
+    each layer. Raw, they scale as 1/σ and 1/σ³ (∂L/∂σ² reached 1.5e6 on the micro preset, whose
+    BatchNorm inputs vary little); standardised they are sums of the outputs' gradients, bounded
+    like the loss."""
+    return [MomentGradient(g.mean * torch.sqrt(v + GRADIENT_EPS), g.var * (v + GRADIENT_EPS))
+            for g, (_, v) in zip(grads, pooled, strict=True)]
+
+
+def raw_gradients(grads: Sequence[MomentGradient], pooled: Sequence[tuple[torch.Tensor, torch.Tensor]]
+                  ) -> list[MomentGradient]:
+    """The inverse of :func:`standardised_gradients`: ∂L/∂μ and ∂L/∂σ² at the pooled moments."""
+    return [MomentGradient(g.mean / torch.sqrt(v + GRADIENT_EPS), g.var / (v + GRADIENT_EPS))
+            for g, (_, v) in zip(grads, pooled, strict=True)]
+
+
+class _AddGradient(torch.autograd.Function):
+    """Identity forward; backward adds the fixed tensor ``g`` to the incoming gradient, so ``x``
+    behaves as if the loss held the term <g, x> (whose value is not counted in the loss)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        ctx.g = g.detach()
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad + ctx.g.to(grad), None
+
+
+def add_gradient(x: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
+    """``x`` with ``g`` added to its gradient in the backward pass (``x`` itself when g is None)."""
+    return x if g is None else _AddGradient.apply(x, g)
 
 
 def ecf_summary(z: torch.Tensor, sketch: torch.Tensor, *, knots: int = 17, t_max: float = 3.0) -> EcfSummary:
@@ -149,6 +208,7 @@ class PoolableBatchNorm1d(nn.BatchNorm1d):
     """
 
     pooled_with: tuple[Moments, int] | None = None
+    pooled_grad: MomentGradient | None = None  # Σ over the others of ∂L_k/∂(μ, σ²): added in backward
     fixed: tuple[torch.Tensor, torch.Tensor] | None = None  # (mean, biased var) (H,)
     record: list[Moments] | None = None
 
@@ -179,6 +239,11 @@ class PoolableBatchNorm1d(nn.BatchNorm1d):
                 self.running_mean.mul_(1 - m).add_(m * mean.detach())
                 self.running_var.mul_(1 - m).add_(m * var.detach() * (n / max(n - 1.0, 1.0)))
                 self.num_batches_tracked.add_(1)
+        if self.pooled_grad is not None:
+            # [pooled] the others' outputs depend on these moments too: their gradient with respect to
+            # them (fixed, from the round's start) joins this party's, as SyncBatchNorm's backward sums it
+            mean = add_gradient(mean, self.pooled_grad.mean)
+            var = add_gradient(var, self.pooled_grad.var)
         return self._normalise(x, mean, var)
 
     def _normalise(self, x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
@@ -233,13 +298,18 @@ def pooled_batchnorm(module: nn.Module, pooling: Pooling | None):
         return
     if len(pooling.bn) != len(layers):
         raise ValueError(f"{len(pooling.bn)} BatchNorm moment summaries for {len(layers)} BatchNorm layers")
+    grads = pooling.bn_grad or [None] * len(layers)
+    if len(grads) != len(layers):
+        raise ValueError(f"{len(grads)} BatchNorm moment gradients for {len(layers)} BatchNorm layers")
     try:
-        for layer, moments in zip(layers, pooling.bn, strict=True):
+        for layer, moments, grad in zip(layers, pooling.bn, grads, strict=True):
             layer.pooled_with = (moments, pooling.parties)
+            layer.pooled_grad = grad
         yield
     finally:
         for layer in layers:
             layer.pooled_with = None
+            layer.pooled_grad = None
 
 
 @contextmanager
@@ -261,14 +331,17 @@ def recording_moments(module: nn.Module):
 class SiloSummary:
     """What one party contributes to the pooled statistics of a round: its ECF summary on the
     round's sketch (None unless SIGReg is pooled) and its BatchNorm input moments (None unless
-    BatchNorm is pooled), each a mean over ``frames`` latents."""
+    BatchNorm is pooled), each a mean over ``frames`` latents; and, from the round's third pass,
+    its loss's gradient with respect to the pooled moments (:class:`MomentGradient`)."""
 
     ecf: EcfSummary | None
     bn: list[Moments] | None
+    bn_grad: list[MomentGradient] | None = None
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """Flat float32 arrays under fixed names: ``ecf.cos`` (S, K), ``ecf.sin``, ``ecf.mean`` (S,),
-        ``bn.<i>.mean`` / ``bn.<i>.var`` / ``bn.<i>.meansq`` (H,) per BatchNorm layer i."""
+        ``bn.<i>.mean`` / ``bn.<i>.var`` / ``bn.<i>.meansq`` (H,) per BatchNorm layer i,
+        ``bngrad.<i>.mean`` / ``bngrad.<i>.var`` (H,) for its moment gradients."""
         out: dict[str, np.ndarray] = {}
         if self.ecf is not None:
             for f in ECF_FIELDS:
@@ -276,6 +349,9 @@ class SiloSummary:
         for i, m in enumerate(self.bn or []):
             for f in MOMENT_FIELDS:
                 out[f"bn.{i}.{f}"] = getattr(m, f).detach().cpu().numpy().astype(np.float32)
+        for i, g in enumerate(self.bn_grad or []):
+            for f in GRADIENT_FIELDS:
+                out[f"bngrad.{i}.{f}"] = getattr(g, f).detach().cpu().numpy().astype(np.float32)
         return out
 
     def scaled(self, k: float) -> "SiloSummary":
@@ -290,7 +366,9 @@ class SiloSummary:
         ecf = EcfSummary(*(t(k) for k in ECF_KEYS)) if ECF_KEYS[0] in arrays else None
         n_bn = len({k.split(".")[1] for k in arrays if k.startswith("bn.")})
         bn = [Moments(*(t(f"bn.{i}.{f}") for f in MOMENT_FIELDS)) for i in range(n_bn)] or None
-        return cls(ecf, bn)
+        n_grad = len({k.split(".")[1] for k in arrays if k.startswith("bngrad.")})
+        grads = [MomentGradient(*(t(f"bngrad.{i}.{f}") for f in GRADIENT_FIELDS)) for i in range(n_grad)] or None
+        return cls(ecf, bn, grads)
 
 
 def _fieldwise(fn, *summaries: SiloSummary) -> SiloSummary:
@@ -301,7 +379,10 @@ def _fieldwise(fn, *summaries: SiloSummary) -> SiloSummary:
         *(fn(*(getattr(s.ecf, f) for s in summaries)) for f in ECF_FIELDS))
     bn = None if first.bn is None else [
         Moments(*(fn(*(getattr(s.bn[i], f) for s in summaries)) for f in MOMENT_FIELDS)) for i in range(len(first.bn))]
-    return SiloSummary(ecf, bn)
+    grads = None if first.bn_grad is None else [
+        MomentGradient(*(fn(*(getattr(s.bn_grad[i], f) for s in summaries)) for f in GRADIENT_FIELDS))
+        for i in range(len(first.bn_grad))]
+    return SiloSummary(ecf, bn, grads)
 
 
 def sum_summaries(summaries: Sequence[SiloSummary]) -> SiloSummary:
@@ -320,9 +401,9 @@ def others_pooling(pooled_mean: SiloSummary, own: SiloSummary | None, parties: i
         others = _fieldwise(lambda m: m * c, pooled_mean)
     else:
         others = _fieldwise(lambda m, o: m * c - o, pooled_mean, own)
-    return Pooling(parties=int(parties) + (own is None), ecf=others.ecf, bn=others.bn)
+    return Pooling(parties=int(parties) + (own is None), ecf=others.ecf, bn=others.bn, bn_grad=others.bn_grad)
 
 
-__all__ = ["ECF_KEYS", "EcfSummary", "Moments", "Pooling", "PoolableBatchNorm1d", "SiloSummary", "ecf_summary",
+__all__ = ["ECF_KEYS", "GRADIENT_EPS", "GRADIENT_FIELDS", "raw_gradients", "standardised_gradients", "EcfSummary", "MomentGradient", "Moments", "Pooling", "add_gradient", "PoolableBatchNorm1d", "SiloSummary", "ecf_summary",
            "fixed_batchnorm", "others_pooling", "pooled_batchnorm", "pooled_moments", "pooled_sigreg",
            "poolable_layers", "recording_moments", "sum_summaries"]

@@ -24,15 +24,19 @@ import torch
 from lensemble.config.schema import LensembleConfig
 from lensemble.config.seeds import torch_generator
 from lensemble.data.clips import Clips, ClipSampler
-from lensemble.model.objective import PLAIN, BatchStatistics
+from lensemble.model.objective import PLAIN, BatchStatistics, JEPAObjective
 from lensemble.model.pooled import (
+    MomentGradient,
     Moments,
+    Pooling,
     SiloSummary,
     ecf_summary,
     fixed_batchnorm,
     others_pooling,
     pooled_moments,
+    raw_gradients,
     recording_moments,
+    standardised_gradients,
     sum_summaries,
 )
 
@@ -145,6 +149,47 @@ def summarise(model, obs: torch.Tensor, sketch: torch.Tensor, cfg: LensembleConf
     return SiloSummary(summary_ecf, bn)  # no_grad: nothing to detach
 
 
+def needs_gradient_pass(cfg: LensembleConfig) -> bool:
+    """Whether a round's summaries end with the moment-gradient pass (BatchNorm pooled, with
+    ``objective.bn_cross_gradient``): each party's ∂L/∂(pooled μ, σ²), which the others add."""
+    return pools_batchnorm(cfg) and cfg.objective.bn_cross_gradient
+
+
+def moment_gradients(model, clips: Clips, sketch: torch.Tensor, cfg: LensembleConfig, pooling: Pooling,
+                     pooled: Sequence[Moments]) -> list[MomentGradient]:
+    """One party's :class:`~lensemble.model.pooled.MomentGradient` per BatchNorm layer: the gradient of
+    the loss it descends at its first inner step with respect to the round's pooled moments, through
+    its own outputs only (the moments held fixed as leaves), on its summary clips; standardised as
+    it travels (:func:`~lensemble.model.pooled.standardised_gradients`).
+
+    ``pooling``: the others' part of the round (ECF summed over the others, C) as the party's inner
+    steps use it; ``pooled``: the parties' mean BatchNorm summary. The loss is the objective of
+    the party's inner steps (prediction, SIGReg with the participant's factor C, the planning
+    terms) without the anchor, whose probe frames are not normalised with the pooled moments. Its
+    SIGReg part grows with the number of latents, so it is scaled from the summary's clips to a
+    training batch's (``train.batch_size``); every other term is a mean.
+    """
+    enc = model.encoder
+    leaves = [(m.detach().clone().requires_grad_(True), v.detach().clone().requires_grad_(True))
+              for m, v in pooled_moments(pooled)]
+    n = clips.obs.shape[0]
+    weight = float(pooling.parties) if pooling.ecf is not None else 1.0
+    stats = BatchStatistics(pooling=(Pooling(parties=pooling.parties, ecf=pooling.ecf),),
+                            sigreg_weight=weight * cfg.train.batch_size / n)
+    was_training = model.training
+    model.train()
+    try:
+        with torch.enable_grad(), fixed_batchnorm(enc, leaves):
+            terms = JEPAObjective(cfg.objective)(model, clips.obs, clips.actions, sketch, stats)
+            flat = [x for mv in leaves for x in mv]
+            grads = torch.autograd.grad(terms.total, flat, allow_unused=True)
+    finally:
+        model.train(was_training)
+    grads = [torch.zeros_like(x) if g is None else g.detach() for x, g in zip(flat, grads, strict=True)]
+    raw = [MomentGradient(grads[2 * i], grads[2 * i + 1]) for i in range(len(leaves))]
+    return standardised_gradients(raw, pooled_moments(pooled))
+
+
 def silo_summaries(model, clips: Sequence[torch.Tensor], sketch: torch.Tensor, cfg: LensembleConfig) -> list[SiloSummary]:
     """Every party's summary when one process holds all their clips (the per-silo central control,
     tests): both passes of a round, with the parties' moments pooled at equal weights as the
@@ -154,6 +199,32 @@ def silo_summaries(model, clips: Sequence[torch.Tensor], sketch: torch.Tensor, c
         first = [SiloSummary(None, batchnorm_moments(model, obs)) for obs in clips]
         pooled = sum_summaries(first).scaled(1.0 / len(first)).bn
     return [summarise(model, obs, sketch, cfg, pooled=pooled) for obs in clips]
+
+
+def participant_statistics(pooling: Pooling) -> BatchStatistics:
+    """How a participant's inner steps compute their batch statistics: its live batch pooled with
+    the others' part, and the factor C on SIGReg when the ECF is pooled (the coordinator averages
+    the C updates; with it their mean gradient is the union batch's, as the twin descends it)."""
+    return BatchStatistics(pooling=(pooling,), sigreg_weight=float(pooling.parties) if pooling.ecf is not None else 1.0)
+
+
+def silo_poolings(model, clips: Sequence[Clips], sketch: torch.Tensor, cfg: LensembleConfig) -> list[Pooling]:
+    """Every party's :class:`~lensemble.model.pooled.Pooling` for a round when one process holds all
+    their summary clips: every pass a federated round runs (moments, summary, moment gradients),
+    pooled at equal weights as the coordinator pools them. The known-answer tests compare it with
+    the union batch (tests/unit/test_pooled_exact.py)."""
+    own = silo_summaries(model, [c.obs for c in clips], sketch, cfg)
+    c = len(own)
+    mean = sum_summaries(own).scaled(1.0 / c)
+    poolings = [others_pooling(mean, o, c) for o in own]
+    if needs_gradient_pass(cfg):
+        grads = [moment_gradients(model, x, sketch, cfg, p, mean.bn) for x, p in zip(clips, poolings, strict=True)]
+        own = [SiloSummary(o.ecf, o.bn, g) for o, g in zip(own, grads, strict=True)]
+        mean = sum_summaries(own).scaled(1.0 / c)
+        poolings = [others_pooling(mean, o, c) for o in own]
+        for p in poolings:
+            p.bn_grad = raw_gradients(p.bn_grad, pooled_moments(mean.bn))
+    return poolings
 
 
 class ShareSampler:
@@ -217,5 +288,5 @@ def central_statistics(cfg: LensembleConfig, model, sampler, source: str) -> Cal
 
 
 __all__ = ["SUMMARY_CHUNK", "ShareSampler", "batchnorm_moments", "central_statistics", "freeze_batchnorm",
-           "needs_moments_first", "pools_across_shares", "pools_anything", "pools_batchnorm", "pools_sigreg",
+           "moment_gradients", "needs_gradient_pass", "needs_moments_first", "participant_statistics", "silo_poolings", "pools_across_shares", "pools_anything", "pools_batchnorm", "pools_sigreg",
            "silo_summaries", "summarise"]

@@ -45,6 +45,7 @@ from lensemble.federation.inprocess import run_inprocess
 from lensemble.federation.messages import NodeSpec, Reply
 from lensemble.federation.participant import participant_round
 from lensemble.federation.pooling import (
+    GRADIENT_PHASE,
     MEMBERS,
     MOMENTS_PHASE,
     PREFIX,
@@ -231,7 +232,9 @@ def test_a_secure_pooled_federation_pools_only_the_sum_of_the_summaries(shared, 
             assert err <= bound, (t, key, err, bound)
             errors.append(err)
         assert max(errors) > 0  # quantised: not the plaintext mean
-        wire_forms += [secure_summary_payload(o, cfg)["fp32"] for o in own]
+        # what each summary pass sent, as it entered SecAgg+ (the kept file also holds the moment gradients)
+        wire_forms += [secure_summary_payload({k: o[k] for k in summary_template(cfg, phase)}, cfg, phase)["fp32"]
+                       for o in own for phase in (MOMENTS_PHASE, SUMMARY_PHASE, GRADIENT_PHASE)]
     rounds = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["fed/summary_participants"] == 2 and r["fed/secagg_participants"] == 2 for r in rounds)
     assert all(r["fed/summary_secagg_mean_error_bound"] == divisors["bn.0.meansq"] * s.quantum for r in rounds)
@@ -252,10 +255,11 @@ def test_a_secure_pooled_federation_pools_only_the_sum_of_the_summaries(shared, 
                for stage, c in seen if stage == "collect masked vectors"]
     masked = [v.astype(np.float64) for v in vectors if v.size == summary_numel(cfg)]
     assert len(masked) == 2 * 2  # two summaries a round, two rounds: each masked
-    # the moments pass is masked too (BatchNorm fields only: its own size)
+    # the moments and moment-gradient passes are masked too (each its own size)
     assert sum(v.size == summary_numel(cfg, MOMENTS_PHASE) for v in vectors) == 2 * 2
+    assert sum(v.size == summary_numel(cfg, GRADIENT_PHASE) for v in vectors) == 2 * 2
     for vec in masked:  # a masked summary looks uniform: it tells nothing about the summary
-        for x in wire_forms:
+        for x in (w for w in wire_forms if w.size == vec.size):
             assert abs(np.corrcoef(vec, x.astype(np.float64))[0, 1]) < 0.5
 
 

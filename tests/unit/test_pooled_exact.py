@@ -6,10 +6,10 @@ every statistic it pools must be the union batch's to float tolerance:
 
 (a) the pooled loss each silo computes equals the union batch's, and so do its latents;
 (b) with H = 1 and plain averaging (η = 1, μ = 0) the silos' mean update equals one step of the
-    data-parallel twin on the union batch, except for the one path no summary can carry (how a
-    silo's frames move the *other* silos' outputs through the pooled BatchNorm moments: the part of
-    SyncBatchNorm's backward that needs the others' gradients); with that path closed (a
-    LayerNorm projector, or frozen BatchNorm) it is exact;
+    data-parallel twin on the union batch: with a LayerNorm projector, frozen BatchNorm, and pooled
+    BatchNorm with the moment-gradient pass (the part of SyncBatchNorm's backward that carries how a
+    silo's frames move the *other* silos' outputs through the pooled moments). Without that pass
+    the mean update is far from the twin's step, and without the factor C on SIGReg too;
 (d) the adversarial case: two silos whose frames differ only in brightness. Summaries encoded
     under the running statistics (the eval-mode shortcut) disagree with the live moments there,
     and the pooled loss is wrong by far more than the tolerance.
@@ -21,19 +21,22 @@ import pytest
 import torch
 from tiny_model import D, frames, tiny_cfg
 
-from lensemble.config.schema import LensembleConfig, ObjectiveConfig
+from lensemble.config.schema import LensembleConfig, ObjectiveConfig, TrainConfig
+from lensemble.data.clips import Clips
 from lensemble.model.objective import BatchStatistics, JEPAObjective
 from lensemble.model.pooled import SiloSummary, ecf_summary, others_pooling, sum_summaries
 from lensemble.model.sigreg import make_sketch
 from lensemble.model.world_model import build_world_model
-from lensemble.training.pooling import batchnorm_moments, freeze_batchnorm, silo_summaries
+from lensemble.training.pooling import batchnorm_moments, freeze_batchnorm, participant_statistics, silo_poolings
 
 B, K, S = 6, 3, 16
 
 
-def _cfg(projector_norm="batchnorm", bn_scope="pooled"):
-    return LensembleConfig(model=tiny_cfg(projector_norm=projector_norm),
-                           objective=ObjectiveConfig(sigreg_directions=S, sigreg_scope="pooled", bn_scope=bn_scope))
+def _cfg(projector_norm="batchnorm", bn_scope="pooled", cross=True):
+    # train.batch_size = B: each silo's live batch is its summary clips, as at a first inner step
+    return LensembleConfig(model=tiny_cfg(projector_norm=projector_norm), train=TrainConfig(batch_size=B),
+                           objective=ObjectiveConfig(sigreg_directions=S, sigreg_scope="pooled", bn_scope=bn_scope,
+                                                     bn_cross_gradient=cross))
 
 
 def _silos(c, brightness=None, seed=0):
@@ -45,7 +48,7 @@ def _silos(c, brightness=None, seed=0):
         base = frames(B * K, seed=seed if brightness is not None else seed + i).reshape(B, K, 3, 16, 16)
         if brightness is not None:
             base = (base.to(torch.int16) // 2 + brightness[i]).clamp(0, 255).to(torch.uint8)
-        out.append((base, torch.randn(B, K - 1, 4, generator=g)))
+        out.append(Clips(obs=base, actions=torch.randn(B, K - 1, 4, generator=g), state=torch.zeros(B, K, 1)))
     return out
 
 
@@ -63,18 +66,13 @@ def _model(cfg, seed=0):
 
 
 def _silo_stats(model, cfg, silos, sketch):
-    own = silo_summaries(model, [obs for obs, _ in silos], sketch, cfg)
+    poolings = silo_poolings(model, silos, sketch, cfg)
     _freeze(model, cfg)  # summarise restores train mode, as a participant's inner loop does before its steps
-    mean = sum_summaries(own).scaled(1.0 / len(own))
-    out = []
-    for o in own:
-        pooling = others_pooling(mean, o, len(own))
-        out.append(BatchStatistics(pooling=(pooling,), sigreg_weight=float(pooling.parties)))
-    return out
+    return [participant_statistics(p) for p in poolings]
 
 
 def _union(silos):
-    return torch.cat([o for o, _ in silos]), torch.cat([a for _, a in silos])
+    return torch.cat([x.obs for x in silos]), torch.cat([x.actions for x in silos])
 
 
 @pytest.mark.parametrize("c", [2, 4])
@@ -87,12 +85,13 @@ def test_a_silos_pooled_loss_at_step_0_is_the_union_batchs(c):
     stats = _silo_stats(model, cfg, silos, sketch)
     obs_u, act_u = _union(silos)
     union = objective(model, obs_u, act_u, sketch)
-    for i, ((obs, act), st) in enumerate(zip(silos, stats, strict=True)):
+    for i, (x, st) in enumerate(zip(silos, stats, strict=True)):
+        obs, act = x.obs, x.actions
         terms = objective(model, obs, act, sketch, st)
         torch.testing.assert_close(terms.latents, union.latents[i * B:(i + 1) * B], rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(terms.sigreg, union.sigreg, rtol=1e-4, atol=1e-4)
     # the prediction terms average to the union's (equal shares)
-    preds = torch.stack([objective(model, o, a, sketch, st).pred for (o, a), st in zip(silos, stats, strict=True)])
+    preds = torch.stack([objective(model, x.obs, x.actions, sketch, st).pred for x, st in zip(silos, stats, strict=True)])
     torch.testing.assert_close(preds.mean(), union.pred, rtol=1e-4, atol=1e-6)
 
 
@@ -110,7 +109,7 @@ def _mean_update_and_twin_step(cfg, c, lr=0.1):
     objective = JEPAObjective(cfg.objective)
     silos = _silos(c)
     stats = _silo_stats(model, cfg, silos, sketch)
-    per_silo = [_grads(model, objective(model, o, a, sketch, st).total) for (o, a), st in zip(silos, stats, strict=True)]
+    per_silo = [_grads(model, objective(model, x.obs, x.actions, sketch, st).total) for x, st in zip(silos, stats, strict=True)]
     obs_u, act_u = _union(silos)
     twin = _grads(model, objective(model, obs_u, act_u, sketch).total)
     names = sorted(twin)
@@ -119,36 +118,33 @@ def _mean_update_and_twin_step(cfg, c, lr=0.1):
     return fed, ref
 
 
-@pytest.mark.parametrize("norm,scope", [("layernorm", "batch"), ("batchnorm", "frozen")])
-def test_b_the_mean_update_is_one_twin_step_when_no_moment_path_crosses_silos(norm, scope):
+@pytest.mark.parametrize("norm,scope", [("layernorm", "batch"), ("batchnorm", "frozen"), ("batchnorm", "pooled")])
+def test_b_the_mean_update_is_one_twin_step(norm, scope):
     cfg = _cfg(projector_norm=norm, bn_scope=scope)
     for c in (2, 4):
         fed, ref = _mean_update_and_twin_step(cfg, c)
-        torch.testing.assert_close(fed, ref, rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(fed, ref, rtol=1e-3, atol=1e-6)
 
 
-def test_b_the_mean_update_misses_only_the_cross_silo_moment_path():
-    # Pooled BatchNorm: close to the twin's step, not equal to it. What is missing is what a silo's
-    # frames do to the others' outputs through the pooled moments; it is measured here (about a
-    # tenth of the step on this random-init model) and stated in docs/federation.md.
-    cfg = _cfg()
-    fed, ref = _mean_update_and_twin_step(cfg, 2)
-    rel = float((fed - ref).norm() / ref.norm())
-    cos = float(torch.nn.functional.cosine_similarity(fed, ref, dim=0))
-    assert 1e-4 < rel < 0.5, rel
-    assert cos > 0.85, cos
-    # ... and the factor C on SIGReg is what makes it that close: without it the federation
-    # descends λ_sig·SIGReg / C
+def test_b_without_the_moment_gradients_or_the_factor_c_the_mean_update_is_not_the_twins():
+    fed, ref = _mean_update_and_twin_step(_cfg(cross=False), 2)
+    rel_local = float((fed - ref).norm() / ref.norm())
+    assert rel_local > 0.5, rel_local  # 3.4 on this model: the cross-silo moment path is most of the step
+    # the factor C on SIGReg: without it the federation descends λ_sig·SIGReg / C (LayerNorm: no moment path)
+    cfg = _cfg(projector_norm="layernorm", bn_scope="batch")
     model = _model(cfg)
     sketch = make_sketch(D, S, torch.Generator().manual_seed(1))
     objective = JEPAObjective(cfg.objective)
     silos = _silos(2)
     unweighted = [BatchStatistics(pooling=st.pooling) for st in _silo_stats(model, cfg, silos, sketch)]
-    per_silo = [_grads(model, objective(model, o, a, sketch, st).total) for (o, a), st in zip(silos, unweighted,
-                                                                                              strict=True)]
-    names = sorted(per_silo[0])
-    weak = torch.cat([-0.1 * torch.stack([g[n] for g in per_silo]).mean(0).flatten() for n in names])
-    assert float((weak - ref).norm() / ref.norm()) > 2 * rel
+    per_silo = [_grads(model, objective(model, x.obs, x.actions, sketch, st).total) for x, st in zip(silos, unweighted,
+                                                                                                   strict=True)]
+    obs_u, act_u = _union(silos)
+    twin = _grads(model, objective(model, obs_u, act_u, sketch).total)
+    names = sorted(twin)
+    weak = torch.cat([torch.stack([g[n] for g in per_silo]).mean(0).flatten() for n in names])
+    ref = torch.cat([twin[n].flatten() for n in names])
+    assert float((weak - ref).norm() / ref.norm()) > 0.01
 
 
 def test_d_brightness_silos_fool_eval_mode_summaries_not_the_consistent_ones():
@@ -161,14 +157,15 @@ def test_d_brightness_silos_fool_eval_mode_summaries_not_the_consistent_ones():
     # the running statistics are those of some other frames (a probe, a warm start): here the dark silo's
     enc = model.encoder
     layer = enc.batchnorm_layers()[0]
-    [m] = batchnorm_moments(model, silos[0][0])
+    [m] = batchnorm_moments(model, silos[0].obs)
     layer.running_mean.copy_(m.mean)
     layer.running_var.copy_(m.var)
     union = objective(model, obs_u, act_u, sketch)
 
     # consistent (two passes): every silo's pooled SIGReg is the union's
-    for (obs, act), st in zip(silos, _silo_stats(model, cfg, silos, sketch), strict=True):
-        torch.testing.assert_close(objective(model, obs, act, sketch, st).sigreg, union.sigreg, rtol=1e-4, atol=1e-4)
+    for x, st in zip(silos, _silo_stats(model, cfg, silos, sketch), strict=True):
+        torch.testing.assert_close(objective(model, x.obs, x.actions, sketch, st).sigreg, union.sigreg,
+                                   rtol=1e-4, atol=1e-4)
 
     # the eval-mode shortcut: ECF of latents normalised by the running statistics
     def eval_mode(obs):
@@ -178,10 +175,10 @@ def test_d_brightness_silos_fool_eval_mode_summaries_not_the_consistent_ones():
         enc.train()
         return SiloSummary(ecf_summary(z, sketch), batchnorm_moments(model, obs))
 
-    own = [eval_mode(obs) for obs, _ in silos]
+    own = [eval_mode(x.obs) for x in silos]
     mean = sum_summaries(own).scaled(0.5)
-    wrong = [objective(model, obs, act, sketch, BatchStatistics(pooling=(others_pooling(mean, o, 2),),
-                                                                sigreg_weight=2.0)).sigreg
-             for (obs, act), o in zip(silos, own, strict=True)]
+    wrong = [objective(model, x.obs, x.actions, sketch, BatchStatistics(pooling=(others_pooling(mean, o, 2),),
+                                                                        sigreg_weight=2.0)).sigreg
+             for x, o in zip(silos, own, strict=True)]
     gaps = [abs(float(w - union.sigreg)) / float(union.sigreg) for w in wrong]
     assert min(gaps) > 0.05, gaps
