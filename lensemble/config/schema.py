@@ -417,7 +417,7 @@ class FederationConfig(_Section):
                                             "this fraction of the step bound (config and global alone, so a "
                                             "participant sending a near-zero update cannot get the others dropped); "
                                             "the step bound itself under DP; None: no floor")
-    # 0.5: a -9x flipped update cancelled 1.0-3x the others' step on micro, honest ones < 0.05 (issue 47).
+    # 0.5: a -9x flipped update cancelled 0.98-2.97 of the others' step on micro, honest ones <= 0.05 (issue 47).
     update_max_cancel: float | None = Field(0.5, gt=0, le=1, description="direction screen: an update that "
                                             "cancels more than this fraction of the others' step (their mean, or "
                                             "median with >= 3 others) along its direction is dropped; with 2 updates "

@@ -29,15 +29,14 @@ defence, applied by the coordinator on every engine (they all close rounds throu
    dropped (issue 47). An accepted hostile update can then move the mean Δ̄ by at most bound / C
    per round.
 
-2. **A direction screen** (:func:`screen_directions`, ``federation.update_min_cosine``): an update
+2. **A direction screen** (:func:`screen_directions`, ``federation.update_max_cancel``): an update
    inside the bound can still point against the others (issue 47: one of three silos sending −9x
-   its update, norm under the bound, collapsed the global). With C >= 3 updates, each must have a
-   cosine of at least ``update_min_cosine`` (0) with at least ⌈(C−1)/2⌉ of the others, so with
-   fewer than half of them hostile every honest update has enough honest company, while a flipped
-   one agrees with none of the honest ones. With C = 2 no geometry tells the two apart (the pair
-   is scale-symmetric), so if one turns their mean against the other (Δ_a·Δ_b < −min‖Δ‖²) both are
-   dropped and the quorum decides: a hostile one of two can stop rounds, as by not replying, but
-   not steer them. Off under DP (noise dominates every cosine) and under secure aggregation.
+   its update, norm under the bound, collapsed the global). No update may cancel more than
+   ``update_max_cancel`` (0.5) of the others' step (their mean, or coordinate-wise median with 3 or
+   more) along its direction. With C = 2 no geometry tells the two apart (the pair is
+   scale-symmetric), so if one cancels the other both are dropped and the quorum decides: a hostile
+   one of two can stop rounds, as by not replying, but not steer them. Off under DP (noise
+   dominates every direction) and under secure aggregation.
 
 3. **A robust aggregate** instead of the mean (``federation.aggregate``), see :func:`robust_mean`.
 
@@ -231,86 +230,82 @@ def screen_norms(deltas: Mapping[str, StateDict], history_norms, *, step: float,
     return kept, dropped, nb, norms
 
 
-def _gram(deltas: Mapping[str, StateDict], order: list[str]) -> np.ndarray:
-    """G[i, j] = <Δ_i, Δ_j> over every floating tensor, in float64, tensor by tensor in sorted name
-    order (never the whole flat vectors at once: C x one tensor in memory), so bitwise deterministic."""
-    c = len(order)
-    gram = np.zeros((c, c), dtype=np.float64)
+def _others_reference(deltas: Mapping[str, StateDict], order: list[str], i: int) -> dict[str, np.ndarray]:
+    """The others' step as update ``order[i]`` is judged against: their mean with 1 or 2 others, their
+    coordinate-wise median with 3 or more (each coordinate then lies within the honest values' range
+    while fewer than half of them are hostile), in float64."""
+    others = [p for j, p in enumerate(order) if j != i]
+    out = {}
     for name in sorted(deltas[order[0]]):
-        arrays = [deltas[p][name] for p in order]
+        arrays = [deltas[p][name] for p in others]
         arrays = [a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a) for a in arrays]
-        if arrays[0].dtype.kind != "f":  # as _l2: only floating tensors are federated values
+        if arrays[0].dtype.kind != "f":
             continue
         stack = np.stack([a.astype(np.float64).reshape(-1) for a in arrays])
-        gram += stack @ stack.T
-    return gram
+        out[name] = np.median(stack, axis=0) if len(others) >= 3 else stack.mean(axis=0)
+    return out
 
 
-def cosine_matrix(deltas: Mapping[str, StateDict]) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """(sorted ids, C x C cosines, C norms) of a round's updates; a zero update's cosines are 0."""
-    order = sorted(deltas)
-    gram = _gram(deltas, order) if order else np.zeros((0, 0))
-    norms = np.sqrt(np.clip(np.diag(gram), 0.0, None))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cos = gram / np.outer(norms, norms)
-    cos[~np.isfinite(cos)] = 0.0
-    return order, np.clip(cos, -1.0, 1.0), norms
+def _dot(delta: StateDict, ref: Mapping[str, np.ndarray]) -> float:
+    total = 0.0
+    for name in sorted(ref):
+        a = delta[name]
+        a = a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+        total += float(np.dot(a.astype(np.float64).reshape(-1), ref[name]))
+    return total
 
 
-def screen_directions(deltas: Mapping[str, StateDict], *, min_cosine: float
+def screen_directions(deltas: Mapping[str, StateDict], *, max_cancel: float
                       ) -> tuple[dict[str, StateDict], dict[str, str], dict[str, float]]:
-    """(kept Δ, dropped id -> reason, id -> agreement score) of the updates that passed the norm bound.
+    """(kept Δ, dropped id -> reason, id -> cancelled fraction) of the updates that passed the norm bound.
 
-    C >= 3: update c's score is the k-th largest of its cosines with the C−1 others, k = ⌈(C−1)/2⌉
-    (the best for C = 3): c must agree (cos >= ``min_cosine``) with at least k of them. Honest
-    updates of one round need not be close (their pairwise cosines are 0.01–0.66 on
-    ``experiment=micro``, −0.02 once), but each has at least one clearly positive partner: the
-    scores measured are >= 0.055 at rungs 1, 3 and 5. With fewer than C/2 hostile updates an honest
-    one has at least k honest others; a sign-flipped honest-looking update agrees with none of
-    them. The reference is not the coordinate-wise median of all updates, nor the others' mean: a
-    −9x update pulls the median toward itself coordinate by coordinate (its cosine with it stayed
-    +0.16–0.36 on micro), and it dominates the others' mean that an honest update is compared with.
+    For update c, m = the others' step (:func:`_others_reference`: their mean, or their median with
+    3 or more) and p_c = Δ_c · m/‖m‖, its component along it. Adding c moves the mean along m by
+    ((C−1)‖m‖ + p_c)/C, so c cancels the fraction −p_c / ((C−1)‖m‖) of the others' progress; above
+    ``max_cancel`` (0.5) it is dropped. A sign-flipped −9x update cancelled 0.98–2.97 of it on
+    ``experiment=micro`` (4 rounds); an honest one at most 0.05, although honest updates of one round are
+    only weakly aligned (pairwise cosines −0.05 to 0.66 measured; so no plain cosine threshold
+    separates them: a −9x update keeps a positive cosine with the coordinate-wise median of all, and
+    two honest updates may have a negative one). An accepted update then leaves the others at least
+    1 − max_cancel of their step along their own direction.
 
-    C = 2: Δ_a·Δ_b < −min(‖Δ_a‖², ‖Δ_b‖²) means their mean points against one of them. Which one is
-    hostile no geometry says (a −9x update against an honest one is an honest update against a
-    tiny flipped one, scaled), so both are dropped with the reason; honest pairs measured cos >= 0.01.
+    C = 2: which of the two is hostile no geometry says (a −9x update against an honest one is an
+    honest update against a tiny flipped one, scaled), so when either cancels more than
+    ``max_cancel`` of the other both are dropped and the quorum decides.
 
-    A zero update is never dropped here (it points nowhere); its cosines count as 0.
+    A zero update, or one whose others' step is zero, is never dropped here.
     """
-    order, cos, norms = cosine_matrix(deltas)
+    order = sorted(deltas)
     c = len(order)
-    kept, dropped, scores = {}, {}, {}
     if c < 2:
         return dict(deltas), {}, {}
-    if c == 2:
-        dot = cos[0, 1] * norms[0] * norms[1]
-        scores = {p: float(cos[0, 1]) for p in order}
-        if dot < -min(norms[0], norms[1]) ** 2:
-            for i, p in enumerate(order):
-                other = order[1 - i]
-                dropped[p] = (f"{DIRECTION_REASON} {other}'s: cosine {cos[0, 1]:.3f}, norms {norms[i]:.4g} and "
-                              f"{norms[1 - i]:.4g}, so their mean turns against one of them; with two updates "
-                              "the coordinator cannot tell which is hostile and keeps neither")
-            return {}, dropped, scores
-        return dict(deltas), {}, scores
-    k = c // 2  # ⌈(C−1)/2⌉
+    cancel: dict[str, float] = {}
     for i, p in enumerate(order):
-        others = sorted((float(cos[i, j]) for j in range(c) if j != i), reverse=True)
-        scores[p] = others[k - 1]
-        if norms[i] > 0 and scores[p] < min_cosine:
-            agree = sum(v >= min_cosine for v in others)
-            dropped[p] = (f"{DIRECTION_REASON} the others: cosine >= {min_cosine:g} with {agree} of the {c - 1} "
-                          f"others, {k} needed (its cosines {', '.join(f'{v:.3f}' for v in others)}; "
-                          "federation.update_min_cosine)")
+        ref = _others_reference(deltas, order, i)
+        m = math.sqrt(sum(float(np.dot(v, v)) for v in ref.values()))
+        cancel[p] = 0.0 if m == 0 else max(0.0, -_dot(deltas[p], ref) / m / ((c - 1) * m))
+    if c == 2:
+        worst = max(cancel.values())
+        if worst > max_cancel:
+            dropped = {p: (f"{DIRECTION_REASON} the other's: one of the two cancels {worst:.2f} of the other's step "
+                           f"along its direction (more than federation.update_max_cancel = {max_cancel:g}); with two "
+                           "updates the coordinator cannot tell which is hostile and keeps neither") for p in order}
+            return {}, dropped, cancel
+        return dict(deltas), {}, cancel
+    kept, dropped = {}, {}
+    for p in order:
+        if cancel[p] > max_cancel:
+            dropped[p] = (f"{DIRECTION_REASON} the others: it cancels {cancel[p]:.2f} of their step along its "
+                          f"direction (more than federation.update_max_cancel = {max_cancel:g})")
         else:
             kept[p] = deltas[p]
-    return kept, dropped, scores
+    return kept, dropped, cancel
 
 
 def direction_screen_on(cfg: LensembleConfig) -> bool:
-    """Whether the coordinator screens directions: ``federation.update_min_cosine`` set, no DP (the
-    Gaussian noise, ~σ·clip·√n against a signal <= clip, makes every cosine ~0)."""
-    return cfg.federation.update_min_cosine is not None and not cfg.privacy.enabled
+    """Whether the coordinator screens directions: ``federation.update_max_cancel`` set, no DP (the
+    Gaussian noise, ~σ·clip·√n against a signal <= clip, makes every direction noise)."""
+    return cfg.federation.update_max_cancel is not None and not cfg.privacy.enabled
 
 
 def screen_updates(cfg: LensembleConfig, deltas: Mapping[str, StateDict], history: list[dict],
@@ -326,10 +321,10 @@ def screen_updates(cfg: LensembleConfig, deltas: Mapping[str, StateDict], histor
     metrics = {"fed/norm_bound": nb.bound, "fed/step_bound": nb.step, "fed/norm_reference": nb.reference,
                "fed/norm_floor": nb.floor, "fed/norm_dropped": len(dropped)}
     if direction_screen_on(cfg):
-        kept, turned, scores = screen_directions(kept, min_cosine=float(f.update_min_cosine))
+        kept, turned, cancel = screen_directions(kept, max_cancel=float(f.update_max_cancel))
         dropped |= turned
         metrics |= {"fed/direction_dropped": len(turned),
-                    "fed/direction_score_min": min((scores[p] for p in kept if p in scores), default=None)}
+                    "fed/direction_cancel_max": max((cancel[p] for p in kept if p in cancel), default=None)}
     metrics["fed/update_norm_max"] = max((norms[p] for p in kept), default=None)
     return kept, dropped, metrics, {p: norms[p] for p in kept}
 
@@ -412,6 +407,6 @@ def secure_update_settings(cfg: LensembleConfig, global_params: Mapping[str, obj
 
 
 __all__ = ["ADAM_BETAS", "DIRECTION_REASON", "HISTORY_ROUNDS", "NORM_REASON", "ROTATED", "NormBound",
-           "adam_step_ceiling", "cosine_matrix", "direction_screen_on", "lower_median", "norm_bound", "norm_floor",
+           "adam_step_ceiling", "direction_screen_on", "lower_median", "norm_bound", "norm_floor",
            "recent_norms", "screen_directions", "required_participants", "robust_mean", "screen_norms", "screen_updates", "secure_update_settings",
            "step_bound", "update_norms"]

@@ -222,7 +222,7 @@ def _screen_remedy(failures: Mapping[str, str] | None) -> str | None:
     return (f"the coordinator refused what {', '.join(sites)} sent (the reason is beside each): a broken or hostile "
             "participant; check that site (its data, its code, its inner learning rate) or leave it out of the run. "
             "If it is honest, loosen the screen that refused it (federation.update_norm_factor / update_norm_floor "
-            "/ update_max_norm for the norm bound, federation.update_min_cosine for the direction screen; "
+            "/ update_max_norm for the norm bound, federation.update_max_cancel for the direction screen; "
             "docs/federation.md, 'Threat model'); lowering federation.min_participants only lets the others' "
             "rounds commit without it")
 

@@ -65,28 +65,32 @@ def test_a_sign_flipped_update_inside_the_bound_is_dropped_by_direction(micro, z
     # inside the norm bound (what let it in before issue 47): 9x the honest norm, the bound 10x
     assert metrics["fed/norm_dropped"] == 0 and 9 * 0.25 < metrics["fed/norm_bound"]
     assert sorted(kept) == ["silo-0", "silo-1"] and list(dropped) == ["silo-2"]
-    assert dropped["silo-2"].startswith(DIRECTION_REASON) and "0 of the 2 others" in dropped["silo-2"]
-    assert metrics["fed/direction_dropped"] == 1 and metrics["fed/direction_score_min"] > 0.1
+    assert dropped["silo-2"].startswith(DIRECTION_REASON) and "update_max_cancel = 0.5" in dropped["silo-2"]
+    assert metrics["fed/direction_dropped"] == 1 and metrics["fed/direction_cancel_max"] < 0.1
     assert sorted(norms) == ["silo-0", "silo-1"]  # the history holds accepted norms only
     # the screen off: what main did
-    off = load_config(["experiment=micro", "data.num_silos=3", "federation.update_min_cosine=null"])
+    off = load_config(["experiment=micro", "data.num_silos=3", "federation.update_max_cancel=null"])
     kept, dropped, metrics, _ = screen_updates(off, deltas, [], zeros)
     assert len(kept) == 3 and "fed/direction_dropped" not in metrics
 
 
 def test_honest_updates_are_kept_by_the_direction_screen(micro, zeros):
     rng = np.random.default_rng(1)
-    # weak agreement (pairwise cos ≈ 0.06), scaled copies, a zero update, many silos
-    for vectors in (_honest(rng, 3, shared=0.25), [v * s for v, s in zip(_honest(rng, 3), (0.01, 1.0, 3.0))],
+    # weak agreement (pairwise cos ≈ 0.06), none at all (≈ 0, some negative), scaled copies, a zero
+    # update, many silos; and micro's round where two honest updates had cosine -0.045
+    a, b = _honest(rng, 2, shared=0.0)
+    b = b - (a @ b / (a @ a) + 0.045 * np.linalg.norm(b) / np.linalg.norm(a)) * a  # cos(a, b) = -0.045
+    for vectors in (_honest(rng, 3, shared=0.25), _honest(rng, 3, shared=0.0), [a, b],
+                    [v * s for v, s in zip(_honest(rng, 3), (0.01, 1.0, 3.0))],
                     _honest(rng, 2, shared=0.1) + [np.zeros(N)], _honest(rng, 7, shared=0.3)):
-        kept, dropped, _ = screen_directions(_deltas(vectors), min_cosine=0.0)
+        kept, dropped, _ = screen_directions(_deltas(vectors), max_cancel=0.5)
         assert dropped == {} and len(kept) == len(vectors)
 
 
 def test_a_flipped_minority_is_dropped_and_the_honest_majority_kept():
     rng = np.random.default_rng(2)
     honest = _honest(rng, 5)
-    kept, dropped, scores = screen_directions(_deltas(honest[:3] + [-honest[3], -4 * honest[4]]), min_cosine=0.0)
+    kept, dropped, _ = screen_directions(_deltas(honest[:3] + [-9 * honest[3], -9 * honest[4]]), max_cancel=0.5)
     assert sorted(dropped) == ["silo-3", "silo-4"] and sorted(kept) == ["silo-0", "silo-1", "silo-2"]
 
 
@@ -99,10 +103,10 @@ def test_with_two_updates_a_pair_whose_mean_turns_against_one_is_dropped_whole(m
     assert "cannot tell which is hostile" in dropped["silo-1"]
     with pytest.raises(FaultToleranceExceeded) as err:  # the quorum decides: nothing commits
         require_quorum(len(kept), 1, round_index=0, failures=dropped)
-    assert "bring nodes back" not in err.value.remediation and "update_min_cosine" in err.value.remediation
+    assert "bring nodes back" not in err.value.remediation and "update_max_cancel" in err.value.remediation
     # an honest pair that barely agrees (micro measured cos 0.01 with norms 13x apart) is kept
-    kept, dropped, _ = screen_directions(_deltas([a, 13 * (a * 0.02 / np.linalg.norm(a) * np.linalg.norm(b)
-                                                          + b)]), min_cosine=0.0)
+    b = b - (a @ b) / (a @ a) * a + 0.01 * np.linalg.norm(b) / np.linalg.norm(a) * a  # cos(a, b) = 0.01
+    kept, dropped, _ = screen_directions(_deltas([a, 13 * b]), max_cancel=0.5)
     assert dropped == {}
 
 
@@ -275,7 +279,7 @@ def test_a_kept_warm_start_is_compared_by_its_weights(tmp_path):
 def test_the_new_fields_leave_config_hashes_alone():
     base = load_config(["experiment=micro"])
     dump = base.model_dump(mode="json")["federation"]
-    assert not {"update_norm_floor", "update_min_cosine", "summary_max_abs"} & set(dump)
-    moved = load_config(["experiment=micro", "federation.update_min_cosine=0.1"])
+    assert not {"update_norm_floor", "update_max_cancel", "summary_max_abs"} & set(dump)
+    moved = load_config(["experiment=micro", "federation.update_max_cancel=0.25"])
     assert moved.config_hash() != base.config_hash()
     assert math.isfinite(base.federation.summary_max_abs)
