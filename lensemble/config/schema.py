@@ -85,7 +85,7 @@ _TRAIN_ADDED_DEFAULTS = {"bn_recalibration_batches": 40, "silo_batches": False, 
                          "precision": DEFAULT_PRECISION}
 _OBJECTIVE_ADDED_DEFAULTS = {"lambda_straight": 0.0, "lambda_rollout": 0.0, "lambda_inverse": 0.0,
                              "sigreg_scope": "silo", "bn_scope": "batch", "summary_clips": 512,
-                             "bn_cross_gradient": True}
+                             "bn_cross_gradient": False}
 _EVAL_ADDED_DEFAULTS = {"goal_source": "expert", "cost": "l1", "reach_source": "public", "reach_aggregate": "final",
                         "reach_max_gap": 50, "reach_steps": 2000, "precision": DEFAULT_PRECISION}
 _DATA_ADDED_DEFAULTS = {"shared_homes": False, "expert": "scripted"}
@@ -93,7 +93,7 @@ _FEDERATION_ADDED_DEFAULTS = {"bn_recalibration": "probe", "secure_aggregation":
                               "secagg_bits": 24, "secagg_max_norm": None, "secagg_threshold": 2,
                               "update_norm_factor": 10.0, "update_max_norm": None, "aggregate": "mean", "trim": 1,
                               "update_norm_floor": 0.5, "update_max_cancel": 0.5,
-                              "summary_max_abs": 1e3}
+                              "summary_max_abs": 1e3, "response_kappa": None}
 
 
 class ModelConfig(_Section):
@@ -224,12 +224,13 @@ class ObjectiveConfig(_Section):
         "statistics (sigreg_scope=pooled or bn_scope=pooled), encoded with the round's global model",
     )
     bn_cross_gradient: bool = Field(
-        True,
+        False,
         description="with bn_scope=pooled: each participant also sends its loss's gradient with respect to the "
-        "round's pooled BatchNorm moments (2H floats, one more summary pass) and adds the others' to its own, as "
-        "SyncBatchNorm's backward does; without it a silo's frames never feel what they do to the other silos' "
-        "outputs through the pooled moments, and the mean update is not the data-parallel one "
-        "(tests/unit/test_pooled_exact.py)",
+        "round's pooled BatchNorm moments (2H floats, one more summary pass) and adds the others' to its own at "
+        "every inner step, as SyncBatchNorm's backward does: the mean update of H = 1 is then the data-parallel "
+        "one (tests/unit/test_pooled_exact.py). Off by default: held fixed over H = 50 steps this linear term is "
+        "unbounded, and the default run's global fell to 2.4 -> 1.3 -> 2.5 effective dimensions with it against "
+        "5.0 -> 4.0 -> 4.1 without (docs/federation.md, 'Exact at the first inner step')",
     )
 
     @model_serializer(mode="wrap")
@@ -362,6 +363,16 @@ class FederationConfig(_Section):
     outer_lr: float = Field(0.7, gt=0)
     outer_momentum: float = Field(0.9, ge=0, lt=1)
     nesterov: bool = True
+    # The pooled objective's best-response overshoot (lensemble/training/response.py, issue 43): each
+    # participant closes the pooled gap as if the others stood still, so the mean update overshoots by
+    # 1 + κ(C − 1).
+    response_kappa: float | None = Field(
+        None, ge=0, le=1,
+        description="κ, how far one participant's round moves the other participants' latents relative to its "
+        "own (measured by examples/measure_kappa.py); when set the outer learning rate is outer_lr / (1 + κ(C − 1)), "
+        "C = data.num_silos, which undoes the linearised overshoot of averaging C best responses. None: outer_lr "
+        "as given",
+    )
     min_participants: int = Field(2, ge=1, description="quorum")
     round_timeout_s: float = Field(600.0, gt=0)
     round_retries: int = Field(1, ge=0)

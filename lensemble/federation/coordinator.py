@@ -39,7 +39,7 @@ from lensemble.federation.codec import payload_nbytes, quant_ratio
 from lensemble.federation.global_cache import cache_config, global_digest
 from lensemble.federation.locks import lock_folder
 from lensemble.federation.messages import Reply, participant_id
-from lensemble.federation.outer import OuterOptimizer
+from lensemble.federation.outer import OuterOptimizer, outer_step_size
 from lensemble.federation.pooling import (
     GRADIENT_PHASE,
     MEMBERS,
@@ -71,6 +71,7 @@ from lensemble.federation.validation import (
 from lensemble.gauge.anchor import FrameAnchor
 from lensemble.gauge.distill import aligned_consensus, distill_encoder
 from lensemble.gauge.drift import GLOBAL_KEY, frame_drift
+from lensemble.federation.stability import stability_record
 from lensemble.model.collapse import effective_dim, latent_std
 from lensemble.model.encoder import embed_frames
 from lensemble.model.objective import LOSS_TERMS
@@ -122,6 +123,11 @@ class Coordinator:
         if ref_model.encoder.latent_dim != cfg.model.latent_dim:
             raise ConfigError("the warm start's latent_dim differs from model.latent_dim")
         self.reference_probe = embed_frames(ref_model.encoder, self.probe)  # E_ref = f_ref(P)
+        # [stability] the warm start as the rounds' globals are measured (statistics re-estimated on
+        # the probe): the reference of the run's watch for coming apart (federation/stability.py)
+        recalibrate_on_probe(ref_model.encoder, self.probe, cfg)
+        ws_probe = embed_frames(ref_model.encoder, self.probe)
+        self._warmstart_spread = (effective_dim(ws_probe), latent_std(ws_probe))
         # [gauge] The probe's landmark / measurement split (docs/gauge.md §4): the anchor, the backstop
         # and the distillation fit on the landmark frames; every drift number uses the measurement frames.
         self.split = probe_split_for(cfg, self.probe_hash, len(self.probe))
@@ -252,7 +258,9 @@ class Coordinator:
 
     def _outer(self, params: dict[str, torch.Tensor]) -> OuterOptimizer:
         f = self.cfg.federation
-        return OuterOptimizer(params, lr=f.outer_lr, momentum=f.outer_momentum, nesterov=f.nesterov)
+        # [pooled] divided by the best-response overshoot 1 + κ(C − 1) when federation.response_kappa is set
+        lr = outer_step_size(f.outer_lr, self.cfg.data.num_silos, f.response_kappa)
+        return OuterOptimizer(params, lr=lr, momentum=f.outer_momentum, nesterov=f.nesterov)
 
     # -- per round
     @property
@@ -469,6 +477,7 @@ class Coordinator:
         metrics.update({
             "round": t,
             "fed/participants": len(accepted),
+            "fed/outer_lr": self.outer.lr,  # after federation.response_kappa's division, when set
             "fed/dropped": len(dropped),
             "fed/comm_bytes": int(wire),
             "fed/quant_ratio": (float(np.mean([quant_ratio(replies[p].payload) for p in accepted]))
@@ -564,6 +573,8 @@ class Coordinator:
             "probe_split": self.split.record(),
             "config_hash": self.cfg.config_hash(),
             "rounds": self.history,
+            # [stability] did the rounds come apart? (pooled SIGReg growth, effective dimension, spread)
+            "stability": stability_record(self.history, *self._warmstart_spread),
         }
         self._lock.verify()
         # whole or not at all: a full disk must not leave a truncated summary.json a reader trusts

@@ -57,6 +57,19 @@ def _check_same_layout(reference: Mapping[str, torch.Tensor], other: Mapping[str
             )
 
 
+def outer_step_size(outer_lr: float, parties: int, kappa: float | None) -> float:
+    """The outer learning rate η of a round averaging ``parties`` = C updates: ``outer_lr``, divided by
+    the linearised overshoot 1 + κ(C − 1) when κ is given (``federation.response_kappa``). Each
+    participant of the pooled objective moves its own share of the pool as if the others stood still,
+    i.e. C times as far as the pooled gap at κ = 1; κ = 0 (updates that move only their own silo's
+    latents) leaves η alone."""
+    if kappa is None:
+        return float(outer_lr)
+    if not 0.0 <= kappa <= 1.0 or parties < 1:
+        raise ConfigError(f"response κ must lie in [0, 1] and the parties be >= 1, got κ = {kappa}, C = {parties}")
+    return float(outer_lr) / (1.0 + float(kappa) * (parties - 1))
+
+
 def aggregate(deltas: Mapping[ParticipantId, Mapping[str, torch.Tensor]]) -> StateDict:
     """Mean pseudo-gradient Δ̄ = (1/C)·Σ_c Δ_c, fp32, bitwise independent of arrival order.
 

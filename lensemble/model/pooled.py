@@ -174,20 +174,28 @@ def pooled_sigreg(z: torch.Tensor, sketch: torch.Tensor, pooling: Pooling | None
     if pooling is None or pooling.ecf is None:
         return sigreg(z, sketch, knots=knots, t_max=t_max)
     live = ecf_summary(z, sketch, knots=knots, t_max=t_max)
-    c = float(pooling.parties)
     others = pooling.ecf
-    mu = (live.mean + others.mean.to(live.mean)) / c  # (S,)
-    re_raw = (live.cos + others.cos.to(live.cos)) / c  # (S, K)
-    im_raw = (live.sin + others.sin.to(live.sin)) / c
-    t, phi, w = _knot_weights(knots, t_max, z.device)
-    ang = mu.unsqueeze(-1) * t  # (S, K): centring is a rotation of the ECF by exp(−i t μ)
+    total = EcfSummary(live.cos + others.cos.to(live.cos), live.sin + others.sin.to(live.sin),
+                       live.mean + others.mean.to(live.mean))
+    return sigreg_of_summed(total, pooling.parties, z.reshape(-1, z.shape[-1]).shape[0], knots=knots, t_max=t_max)
+
+
+def sigreg_of_summed(total: EcfSummary, parties: int, frames: int, *, knots: int = 17,
+                     t_max: float = 3.0) -> torch.Tensor:
+    """The pooled SIGReg of C = ``parties`` parties from their *summed* ECF summaries (cos, sin
+    (S, K), mean (S,)), each party counting ``frames`` latents: N·C times the Epps–Pulley error of
+    the pooled ECF centred on the pooled mean (a rotation of the ECF by exp(−i t μ))."""
+    c = float(parties)
+    mu = total.mean / c  # (S,)
+    re_raw, im_raw = total.cos / c, total.sin / c  # (S, K)
+    t, phi, w = _knot_weights(knots, t_max, total.cos.device)
+    ang = mu.unsqueeze(-1) * t  # (S, K)
     cos_a, sin_a = torch.cos(ang), torch.sin(ang)
     re = re_raw * cos_a + im_raw * sin_a
     im = im_raw * cos_a - re_raw * sin_a
     err = (re - phi).square() + im.square()
-    n_eff = z.reshape(-1, z.shape[-1]).shape[0] * c
     with full_precision(err):  # [precision] err @ w is a matmul: fp32 under bf16 autocast
-        return n_eff * (err @ w).mean()
+        return frames * c * (err @ w).mean()
 
 
 class PoolableBatchNorm1d(nn.BatchNorm1d):
@@ -405,5 +413,5 @@ def others_pooling(pooled_mean: SiloSummary, own: SiloSummary | None, parties: i
 
 
 __all__ = ["ECF_KEYS", "GRADIENT_EPS", "GRADIENT_FIELDS", "raw_gradients", "standardised_gradients", "EcfSummary", "MomentGradient", "Moments", "Pooling", "add_gradient", "PoolableBatchNorm1d", "SiloSummary", "ecf_summary",
-           "fixed_batchnorm", "others_pooling", "pooled_batchnorm", "pooled_moments", "pooled_sigreg",
+           "fixed_batchnorm", "others_pooling", "sigreg_of_summed", "pooled_batchnorm", "pooled_moments", "pooled_sigreg",
            "poolable_layers", "recording_moments", "sum_summaries"]

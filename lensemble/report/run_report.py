@@ -21,6 +21,7 @@ from pathlib import Path
 
 from lensemble.config.schema import LensembleConfig
 from lensemble.eval.reports import EvalReport
+from lensemble.federation.stability import stability_sentence
 from lensemble.observability.progress import format_duration
 from lensemble.report.answer import (
     communication_sentence,
@@ -333,6 +334,9 @@ def answer_lines(cfg: LensembleConfig, summary: dict, evaluation: RunEvaluation 
             twin = baselines.twin
             first += " " + gap_sentence(baselines.gap, [r.success_rate for r in baselines.locals],
                                         (twin.n_successes, twin.n_episodes), why=baselines.gap_error)
+    # [stability] a run that came apart says so in its first line, with the numbers
+    watch = stability_sentence(summary.get("stability"))
+    first = f"{first} {watch}" if watch else first
     return [first, drift_sentence(rounds), communication_sentence(rounds, cfg.federation.inner_steps)]
 
 

@@ -139,6 +139,50 @@ def test_pooled_rounds_exchange_summaries_and_change_training(shared, tmp_path, 
     assert _close(a, b, [k for k in a if k.startswith("encoder.projector")]) > 1e-6
 
 
+def test_a_rounds_passes_give_each_participant_the_statistics_of_one_process_holding_every_silo(shared, tmp_path,
+                                                                                                 monkeypatch):
+    # the wiring of the three summary passes (moments, summary, moment gradients) through the real
+    # engine: extras, members, the own part kept on disk and subtracted, the gradients' standardisation
+    # round trip. What each participant trains round 0 with equals silo_poolings() of the same
+    # summary clips in one process (whose exactness against the union batch is
+    # tests/unit/test_pooled_exact.py's)
+    from lensemble.config.seeds import torch_generator
+    from lensemble.data.clips import ClipSampler
+    from lensemble.data.collect import load_silo
+    from lensemble.data.store import ensure_data as ensure
+    from lensemble.model.objective import sketch_for_round
+    from lensemble.model.world_model import world_model_from_state
+    from lensemble.training.pooling import participant_statistics, silo_poolings
+
+    base, ws_dir = shared
+    cfg = load_config(base + POOLED + ["federation.rounds=1"])
+    seen = {}
+    real = participant_module.pooled_statistics
+
+    def spy(cfg, extras, state_dir, partition_id, t):
+        seen[partition_id] = stats = real(cfg, extras, state_dir, partition_id, t)
+        return stats
+
+    monkeypatch.setattr(participant_module, "pooled_statistics", spy)
+    run_inprocess(cfg, tmp_path / "run", progress=False)
+    folder = str(ensure(cfg, progress=False)[0])
+    ck = load_checkpoint(ws_dir)
+    model = world_model_from_state(ck.architecture, ck.tensors)
+    clips = [ClipSampler([load_silo(folder, i, "train")], cfg.train.clip_len, cfg.model.action_block)
+             .sample(cfg.objective.summary_clips, torch_generator(cfg.root_seed, "summary", f"silo-{i}", 0))
+             for i in range(2)]
+    sketch = sketch_for_round(cfg.root_seed, 0, cfg.model.latent_dim, cfg.objective.sigreg_directions)
+    want = [participant_statistics(p) for p in silo_poolings(model, clips, sketch, cfg)]
+    assert sorted(seen) == [0, 1]
+    for i in range(2):
+        got, ref = seen[i].pooling[0], want[i].pooling[0]
+        assert seen[i].sigreg_weight == ref.parties == got.parties == 2
+        for a, b in [(got.ecf.cos, ref.ecf.cos), (got.ecf.mean, ref.ecf.mean), (got.bn[0].var, ref.bn[0].var),
+                     (got.bn_grad[0].mean, ref.bn_grad[0].mean), (got.bn_grad[0].var, ref.bn_grad[0].var)]:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        assert float(got.bn_grad[0].mean.abs().max()) > 0  # the cross-silo path is there, and not zero
+
+
 @pytest.mark.parametrize("per_silo", ["both", "sigreg", "batchnorm"])
 def test_per_silo_central_control_differs_from_the_control(shared, tmp_path, per_silo):
     base, ws_dir = shared

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from lensemble.eval.reports import EvalReport
+from lensemble.federation.stability import stability_sentence
 from lensemble.report.answer import compare_success, paired_outcomes, success_sentence
 from lensemble.report.run_report import ARM_LABEL, ARM_TEXT, ARMS, FIGURES
 
@@ -111,7 +112,9 @@ def test_success_numbers_are_the_eval_reports(micro_run):
                 for a, r in reports.items()}
     expected = success_sentence(ARM_TEXT["federated"], counts, [ARM_TEXT["random"], ARM_TEXT["warmstart"]],
                                 outcomes)
-    assert expected in lines
+    # the answer's first line: the success sentence, then the run's watch for coming apart with its numbers
+    watch = stability_sentence(summary["stability"])
+    assert watch and f"{expected} {watch}" in lines
 
 
 def test_round_numbers_are_summary_json(micro_run):

@@ -220,3 +220,14 @@ def test_one_round_in_process_participant_to_server():
         mean_local = torch.stack([loc[k] for loc in locals_.values()]).mean(0)
         # int8 error per coordinate ≤ max|Δ|/254 ≤ ~0.05 here
         torch.testing.assert_close(new[k], mean_local, rtol=0, atol=0.05)
+
+
+def test_the_outer_step_is_divided_by_the_best_response_overshoot():
+    from lensemble.federation.outer import outer_step_size
+
+    assert outer_step_size(0.7, 4, None) == 0.7  # no κ: as given
+    assert outer_step_size(1.0, 2, 1.0) == 0.5 and outer_step_size(1.0, 8, 1.0) == 0.125  # κ = 1: 1/C
+    assert outer_step_size(1.0, 8, 0.0) == 1.0  # updates that move only their own silo: no overshoot
+    assert abs(outer_step_size(1.0, 4, 0.5) - 0.4) < 1e-12
+    with pytest.raises(ConfigError):
+        outer_step_size(1.0, 2, 1.5)
