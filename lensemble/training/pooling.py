@@ -92,9 +92,14 @@ def batchnorm_moments(model, obs: torch.Tensor) -> list[Moments]:
                 enc.encode_frames(obs[i:i + SUMMARY_CHUNK])
     finally:
         enc.train(was_training)
-    sizes = torch.tensor([min(SUMMARY_CHUNK, obs.shape[0] - i) for i in range(0, obs.shape[0], SUMMARY_CHUNK)],
-                         dtype=torch.float32)
-    w = sizes / sizes.sum()  # frame-weighted: chunks may differ in size
+    return _frames_moments(records, obs.shape[0])
+
+
+def _frames_moments(records: list[list[Moments]], n: int) -> list[Moments]:
+    """Per layer, the moments of all frames of ``n`` clips from those of their chunks of
+    :data:`SUMMARY_CHUNK` clips (frame-weighted: the last chunk may be smaller; law of total variance)."""
+    sizes = torch.tensor([min(SUMMARY_CHUNK, n - i) for i in range(0, n, SUMMARY_CHUNK)], dtype=torch.float32)
+    w = sizes / sizes.sum()
     out = []
     for rec in records:
         mean = sum(wi * m.mean for wi, m in zip(w, rec, strict=True))
@@ -125,28 +130,28 @@ def summarise(model, obs: torch.Tensor, sketch: torch.Tensor, cfg: LensembleConf
     """
     enc = model.encoder
     want_ecf, want_bn = ecf and pools_sigreg(cfg), pools_batchnorm(cfg)
-    bn = batchnorm_moments(model, obs) if want_bn else None
-    summary_ecf = None
-    if want_ecf:
-        layers = enc.batchnorm_layers()
-        fixed = None
-        if want_bn:
-            if pooled is None:
-                raise ValueError("with SIGReg and BatchNorm pooled the ECF summary is encoded under the round's pooled "
-                                 "BatchNorm moments: take the moments first (summarise(..., ecf=False)) and pass "
-                                 "their pooled mean as pooled=")
-            fixed = pooled_moments(pooled)
-        saved = {k: v.clone() for k, v in enc.state_dict().items() if "running_" in k or "num_batches" in k}
-        was_training = enc.training
-        enc.train(cfg.objective.bn_scope == "batch" and bool(layers) and fixed is None)
-        try:
-            with fixed_batchnorm(enc, fixed):
-                z = torch.cat([enc.encode_frames(obs[i:i + SUMMARY_CHUNK]) for i in range(0, obs.shape[0], SUMMARY_CHUNK)])
-        finally:
-            enc.load_state_dict(saved, strict=False)
-            enc.train(was_training)
-        summary_ecf = ecf_summary(z, sketch, knots=cfg.objective.sigreg_knots, t_max=cfg.objective.sigreg_t_max)
-    return SiloSummary(summary_ecf, bn)  # no_grad: nothing to detach
+    if not want_ecf:
+        return SiloSummary(None, batchnorm_moments(model, obs) if want_bn else None)
+    layers = enc.batchnorm_layers()
+    fixed = None
+    if want_bn:
+        if pooled is None:
+            raise ValueError("with SIGReg and BatchNorm pooled the ECF summary is encoded under the round's pooled "
+                             "BatchNorm moments: take the moments first (summarise(..., ecf=False)) and pass "
+                             "their pooled mean as pooled=")
+        fixed = pooled_moments(pooled)
+    saved = {k: v.clone() for k, v in enc.state_dict().items() if "running_" in k or "num_batches" in k}
+    was_training = enc.training
+    enc.train(cfg.objective.bn_scope == "batch" and bool(layers) and fixed is None)
+    try:
+        # the BatchNorm input does not depend on the normalisation: its moments come with this pass
+        with fixed_batchnorm(enc, fixed), recording_moments(enc) as records:
+            z = torch.cat([enc.encode_frames(obs[i:i + SUMMARY_CHUNK]) for i in range(0, obs.shape[0], SUMMARY_CHUNK)])
+    finally:
+        enc.load_state_dict(saved, strict=False)
+        enc.train(was_training)
+    summary_ecf = ecf_summary(z, sketch, knots=cfg.objective.sigreg_knots, t_max=cfg.objective.sigreg_t_max)
+    return SiloSummary(summary_ecf, _frames_moments(records, obs.shape[0]) if want_bn else None)  # no_grad
 
 
 def needs_gradient_pass(cfg: LensembleConfig) -> bool:
