@@ -64,6 +64,7 @@ from lensemble.federation.codec import encode_delta
 from lensemble.federation.messages import Reply
 from lensemble.federation.pseudograd import Layout, unflatten
 from lensemble.federation.secure_agg import SecAggSettings, SecureSum, check_secure_sum
+from lensemble.federation.summary_checks import check_summary, screen_summaries
 from lensemble.federation.validation import (
     Update,
     check_contributors,
@@ -247,6 +248,12 @@ def close_secure_summaries(cfg: LensembleConfig, t: int, replies: dict[str, Repl
             raise SecureSumRejected(f"round {t}: the pooled {key} reaches {float(value.abs().max()):.4g}, "
                                     f"beyond 1 + q = {1.0 + q:.4g}: the unmasked summary sum is broken")
         mean[key] = value.to(torch.float32).numpy()
+    # [robust] the mean of the sum holds every range an honest summary holds (variances >= 0, means
+    # bounded, ...) within its quantisation error: no single summary is seen, so none is named (issue 47)
+    why = check_summary(mean, cfg, pooled_slack=max(divisors.values()) * q)
+    if why is not None:
+        raise SecureSumRejected(f"round {t}: the pooled summary is out of range ({why}): some participant's "
+                                "summary was not one an honest participant computes, and the sum does not say whose")
     extras = {PREFIX + k: v for k, v in mean.items()}
     extras[members_key(phase)] = np.asarray([int(p.rsplit("-", 1)[1]) for p in contributors], dtype=np.int64)
     metrics = {"fed/summary_participants": len(contributors), "fed/summary_floats": layout.numel,
@@ -371,8 +378,6 @@ def close_summaries(cfg: LensembleConfig, t: int, replies: dict[str, Reply], fai
                               template=template, round_index=t, max_update_mb=cfg.federation.max_update_mb,
                               embedding_shape=(0, cfg.model.latent_dim))
     dropped = dict(failures) | {pid: f"sent an unusable summary ({why})" for pid, why in result.rejected}
-    from lensemble.federation.summary_checks import screen_summaries  # issue 47: |ECF| <= 1, var >= 0, bounded
-
     accepted, refused = screen_summaries(result.accepted, cfg, round_index=t)
     dropped |= refused
     require_quorum(len(accepted), cfg.federation.min_participants, round_index=t, failures=dropped)

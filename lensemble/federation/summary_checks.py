@@ -56,15 +56,23 @@ def _peak(a: np.ndarray) -> float:
     return float(np.max(np.abs(a))) if a.size else 0.0
 
 
-def check_summary(arrays: Mapping[str, np.ndarray], cfg: LensembleConfig) -> str | None:
+def check_summary(arrays: Mapping[str, np.ndarray], cfg: LensembleConfig, *, pooled_slack: float | None = None
+                  ) -> str | None:
     """None when one participant's summary (field name -> array) is one an honest participant can
     send, else a phrase naming the first field that is not (sorted field order) and why.
 
     Any subset of the fields ``ecf.cos``, ``ecf.sin``, ``ecf.mean``, ``bn.<i>.mean``, ``bn.<i>.var``,
-    ``bn.<i>.meansq`` is checked; other fields only for finiteness. The bound M is
-    ``cfg.federation.summary_max_abs``.
+    ``bn.<i>.meansq``, ``bngrad.<i>.mean``, ``bngrad.<i>.var`` is checked; other fields only for
+    finiteness. The bound M is ``cfg.federation.summary_max_abs`` (the moment gradients travel
+    standardised: sums of output gradients, bounded like the loss).
+
+    ``pooled_slack``: check a *mean* of summaries (the SecAgg+ path, where the coordinator sees only
+    their sum) with every bound widened by this much (the quantisation error of that mean): the same
+    ranges hold for a mean, except that a mean of squared means is at least the square of the mean
+    (not equal to it).
     """
     cap = float(cfg.federation.summary_max_abs)
+    slack = float(pooled_slack or 0.0)
     values = {k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()}
     for key in sorted(values):
         a = values[key]
@@ -73,38 +81,44 @@ def check_summary(arrays: Mapping[str, np.ndarray], cfg: LensembleConfig) -> str
             return f"{key} is not finite{_where(a, bad)}"
         field = key.rsplit(".", 1)[-1]
         if key in ("ecf.cos", "ecf.sin"):
-            bad = np.abs(a) > 1.0 + ECF_TOL
+            bad = np.abs(a) > 1.0 + ECF_TOL + slack
             if bad.any():
                 return (f"{key} reaches {_peak(a):.4g}{_where(a, bad)}; a mean of {key[4:]}(t·p) lies in [-1, 1]")
         elif key.startswith("bn.") and field == "var":
-            floor = -VAR_TOL * (1.0 + np.square(values.get(key[:-3] + "mean", np.zeros_like(a))))
+            floor = -VAR_TOL * (1.0 + np.square(values.get(key[:-3] + "mean", np.zeros_like(a)))) - slack
             bad = a < floor
             if bad.any():
                 return f"{key} is {float(a[bad].min()):.4g}{_where(a, bad)}; a variance is >= 0"
         elif key.startswith("bn.") and field == "meansq":
-            bad = a < 0
+            bad = a < -slack
             if bad.any():
                 return f"{key} is {float(a[bad].min()):.4g}{_where(a, bad)}; a squared mean is >= 0"
             mean = values.get(key[:-6] + "mean")
-            if mean is not None and mean.shape == a.shape:
+            if mean is not None and mean.shape == a.shape and pooled_slack is not None:
+                # a mean over parties of μ_k² is at least (mean of μ_k)²
+                bad = a < np.square(mean) * (1.0 - MEANSQ_RTOL) - slack * (1.0 + 2.0 * np.abs(mean))
+                if bad.any():
+                    return (f"{key} is {float(a[bad].min()):.4g}{_where(a, bad)}, below the square of the pooled "
+                            f"{key[:-6]}mean: a mean of squares is at least the square of the mean")
+            elif mean is not None and mean.shape == a.shape:
                 sq = np.square(mean)
                 bad = np.abs(a - sq) > MEANSQ_RTOL * np.maximum(a, sq) + 1e-30
                 if bad.any():
                     i = np.unravel_index(int(np.argmax(bad)), a.shape)
                     return (f"{key} is {float(a[i]):.4g}{_where(a, bad)} where {key[:-6]}mean² is {float(sq[i]):.4g}; "
                             "it is the square of the mean")
-            if _peak(a) > cap * cap:
+            if _peak(a) > cap * cap + slack:
                 return f"{key} reaches {_peak(a):.4g}, beyond M² = {cap * cap:.4g} (federation.summary_max_abs)"
             continue
-        if key == "ecf.mean" or (key.startswith("bn.") and field in ("mean", "var")):
-            bad = np.abs(a) > cap
+        if key == "ecf.mean" or (key.startswith("bn.") and field in ("mean", "var")) or key.startswith("bngrad."):
+            bad = np.abs(a) > cap + slack
             if bad.any():
                 return (f"{key} reaches {_peak(a):.4g}{_where(a, bad)}, beyond M = {cap:g} "
                         "(federation.summary_max_abs)")
     cos, sin = values.get("ecf.cos"), values.get("ecf.sin")
     if cos is not None and sin is not None and cos.shape == sin.shape:
         modulus = np.square(cos) + np.square(sin)
-        bad = modulus > 1.0 + MODULUS_TOL
+        bad = modulus > 1.0 + MODULUS_TOL + 4.0 * slack
         if bad.any():
             return (f"ecf.cos² + ecf.sin² reaches {float(modulus.max()):.4g}{_where(modulus, bad)}; the modulus of a "
                     "mean of e^(i·t·p) is <= 1")

@@ -155,7 +155,7 @@ def test_a_rounds_passes_give_each_participant_the_statistics_of_one_process_hol
     from lensemble.training.pooling import participant_statistics, silo_poolings
 
     base, ws_dir = shared
-    cfg = load_config(base + POOLED + ["federation.rounds=1"])
+    cfg = load_config(base + POOLED + ["federation.rounds=1", "objective.bn_cross_gradient=true"])
     seen = {}
     real = participant_module.pooled_statistics
 
@@ -236,7 +236,8 @@ def _own_summaries(run_dir, t: int) -> list[dict[str, np.ndarray]]:
 
 def test_a_secure_pooled_federation_pools_only_the_sum_of_the_summaries(shared, tmp_path, monkeypatch):
     base, _ = shared
-    cfg = load_config(base + POOLED + SECURE)
+    # every pass masked: moments, summary and (opted in) the moment gradients
+    cfg = load_config(base + POOLED + SECURE + ["objective.bn_cross_gradient=true"])
     closed: dict[int, dict] = {}
     seen: list[tuple[str, object]] = []
 
@@ -358,6 +359,15 @@ def test_the_coordinator_refuses_individual_summaries_and_a_broken_summary_sum(s
                                   secure_sum=SecureSum(np.zeros(n), ("silo-0",)))
         with pytest.raises(SecureSumRejected, match="silo-1 is in the summary sum"):
             coord.close_summaries(0, {"silo-0": bare["silo-0"]}, {}, secure_sum=SecureSum(np.zeros(n), both))
+        # a sum inside every coordinate range whose mean holds a negative BatchNorm variance (issue 47):
+        # no honest pair of summaries adds up to it, and the sum cannot say whose it is
+        total, at = np.full(n, 0.5), 0
+        for key, zero in summary_template(cfg).items():
+            if key == "bn.0.var":
+                total[at:at + zero.numel()] = -1.0
+            at += zero.numel()
+        with pytest.raises(SecureSumRejected, match=r"out of range \(bn\.0\.var is -0\.5"):
+            coord.close_summaries(0, bare, {}, secure_sum=SecureSum(total, both))
         extras = coord.close_summaries(0, bare, {}, secure_sum=SecureSum(np.full(n, 0.5), both))
         assert sorted(extras[MEMBERS].tolist()) == [0, 1]
         assert float(extras[PREFIX + "bn.0.meansq"].max()) == pytest.approx(0.25 * cfg.federation.secagg_clip_range)

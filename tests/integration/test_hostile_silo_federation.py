@@ -35,3 +35,8 @@ def test_a_sign_flipped_update_is_dropped_and_the_run_ends_as_if_the_silo_had_cr
                         fail=FLIPPED, progress=False)
     assert all(r["fed/participants"] == 3 and r["dropped"] == {} for r in off["rounds"])
     assert off["final_hash"] != crashed["final_hash"]
+    # ... and the run's own watch says its latent spread collapsed (std 0.063 -> 0.0062 against the warm
+    # start's 0.57 here), which the answer's first line then carries (federation/stability.py)
+    assert not off["stability"]["holds"]
+    assert any("latent spread collapsed" in why for why in off["stability"]["reasons"])
+    assert not any("latent spread" in why for why in hostile["stability"]["reasons"])
