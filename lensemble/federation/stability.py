@@ -77,8 +77,7 @@ def stability_sentence(record: Mapping | None) -> str:
     if not record:
         return ""
     if not record["holds"]:
-        return ("Warning: the federation came apart over its rounds: " + "; ".join(record["reasons"])
-                + ". Read its success as that of a model the rounds degraded.")
+        return "Warning: signs of the federation coming apart over its rounds: " + "; ".join(record["reasons"]) + "."
     parts = []
     if len(record["sigreg"]) >= 2:
         parts.append(f"pooled SIGReg {_arrow(record['sigreg'], '.3g')}")

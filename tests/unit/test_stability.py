@@ -18,7 +18,7 @@ def test_the_default_run_of_issue_43_is_called_coming_apart_with_its_numbers():
     rec = stability_record(_rounds([6.6, 12.3, 14.0], [4.5, 3.8, 2.8], pred=[0.9, 0.6, 0.4]), 4.6, 1.0)
     assert not rec["holds"] and len(rec["reasons"]) == 2
     words = stability_sentence(rec)
-    assert words.startswith("Warning: the federation came apart")
+    assert words.startswith("Warning: signs of the federation coming apart over its rounds")
     assert "6.6 → 12.3 → 14" in words and "2.12x" in words
     assert "fell to 2.8" in words and "4.6" in words and "61%" in words
 
