@@ -44,6 +44,7 @@ MAX_STEPS = 10_000_000
 MAX_BATCH = 16_384
 MAX_EPISODES = 1_000_000
 MAX_LATENT = 4_096
+MAX_REPLICATE = 1_000
 #: A run's name is the folder under runs/ (configs/config.yaml: run_dir: runs/${name}): one plain
 #: path component, so ``name=../..`` cannot write outside runs/.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -82,7 +83,7 @@ def _omit_defaults(dump: dict, added: dict) -> dict:
 _MODEL_ADDED_DEFAULTS = {"predictor_attention": "window", "input_norm": "pixel", "projector_norm": "layernorm",
                          "inverse_head": 0, "backbone": "vit", "cnn_channels": (8, 16, 32)}
 _TRAIN_ADDED_DEFAULTS = {"bn_recalibration_batches": 40, "silo_batches": False, "silo_statistics": "none",
-                         "precision": DEFAULT_PRECISION}
+                         "precision": DEFAULT_PRECISION, "replicate": 0}
 _OBJECTIVE_ADDED_DEFAULTS = {"lambda_straight": 0.0, "lambda_rollout": 0.0, "lambda_inverse": 0.0,
                              "sigreg_scope": "silo", "bn_scope": "batch", "summary_clips": 512,
                              "bn_cross_gradient": False}
@@ -281,6 +282,15 @@ class TrainConfig(_Section):
         "autocast (fp32 weights, optimizer, losses, SIGReg and checkpoints); on a device without bf16 "
         "matrix units it falls back to fp32 with a warning; auto is bf16 where the device has them and "
         "fp32 elsewhere, silently (docs/model.md, 'Precision')",
+    )
+
+    # [replicate] Training replicates of a study (issue 44): a replicate r > 0 of a run draws another
+    # batch stream (lensemble.config.seeds.batch_labels) and nothing else; left out of the dump at 0.
+    replicate: int = Field(
+        0, ge=0, le=MAX_REPLICATE,
+        description="training replicate: 0 is the run itself; r > 0 trains on another order of the same "
+        "batches (the batch stream's seed gets the label ('replicate', r)), with the same warm start, data, "
+        "initial weights and evaluation episodes (docs/study.md, 'Replicates')",
     )
 
     @model_validator(mode="after")

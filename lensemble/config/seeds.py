@@ -37,6 +37,15 @@ def torch_generator(root_seed: int, *labels: object) -> torch.Generator:
     return g
 
 
+def batch_labels(replicate: int) -> tuple:
+    """The labels a training replicate adds to the batch stream's seed, after ``"batches"``:
+    none for replicate 0 (every stream, and so every run, from before replicates is unchanged),
+    ``("replicate", r)`` for r > 0 (``train.replicate``, docs/study.md "Replicates")."""
+    if isinstance(replicate, bool) or not isinstance(replicate, (int, np.integer)) or replicate < 0:
+        raise TypeError(f"replicate must be a non-negative int, got {replicate!r}")
+    return () if replicate == 0 else ("replicate", int(replicate))
+
+
 def numpy_rng(root_seed: int, *labels: object) -> np.random.Generator:
     """A numpy ``Generator`` seeded with ``derive(root_seed, *labels)``."""
     return np.random.default_rng(derive(root_seed, *labels))

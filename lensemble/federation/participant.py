@@ -22,7 +22,7 @@ import torch
 
 from lensemble.artifacts.storage import remove_stale_temps, storage_errors, write_bytes_atomic
 from lensemble.config.schema import LensembleConfig
-from lensemble.config.seeds import torch_generator
+from lensemble.config.seeds import batch_labels, torch_generator
 from lensemble.data.clips import ClipSampler
 from lensemble.data.collect import load_silo
 from lensemble.data.probe import probe_split_for
@@ -177,7 +177,8 @@ def _participant_round(cfg: LensembleConfig, node: NodeSpec, state_dir: Path, gl
         loop.load_state_dict(torch.load(prev, weights_only=True))
     reference = embed_frames(model.encoder, probe) if cfg.gauge.backstop else None
 
-    last = loop.run(h, sketch_fn=sketch_fn, generator=torch_generator(cfg.root_seed, "batches", node.participant_id, t),
+    batches = torch_generator(cfg.root_seed, "batches", *batch_labels(cfg.train.replicate), node.participant_id, t)
+    last = loop.run(h, sketch_fn=sketch_fn, generator=batches,
                     log_every=h, stats_fn=(lambda i, a: stats) if stats is not None else None)
     # Serialised in memory, then written whole or not at all: torch.save straight to the file left a
     # truncated state on a full disk and reported it as a RuntimeError without the errno.

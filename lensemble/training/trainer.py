@@ -16,7 +16,7 @@ import torch
 from lensemble.artifacts.checkpoint import load_checkpoint, save_checkpoint
 from lensemble.artifacts.manifest import build_manifest, write_manifest
 from lensemble.config.schema import LensembleConfig
-from lensemble.config.seeds import derive, torch_generator
+from lensemble.config.seeds import batch_labels, derive, torch_generator
 from lensemble.errors import ConfigError
 from lensemble.model.encoder import recalibrate_batchnorm
 from lensemble.model.objective import sketch_for_round, sketch_for_step
@@ -106,7 +106,7 @@ def train_local(
 
     kind = "warmstart" if source == "public" else "world_model"
     loop = InnerLoop(model, cfg, sampler)
-    generator = torch_generator(cfg.root_seed, "batches", source)
+    generator = torch_generator(cfg.root_seed, "batches", *batch_labels(cfg.train.replicate), source)
     d, n_dir = cfg.model.latent_dim, cfg.objective.sigreg_directions
 
     stats = central_statistics(cfg, model, sampler, source)
