@@ -46,7 +46,9 @@ from lensemble.eval.stats import (
 from lensemble.study.files import REMEASURED, atomic_write, load_failures, load_remeasured, load_summaries
 from lensemble.study.homes import home_split
 from lensemble.study.plan import LADDER
+from lensemble.study.power import replicate_spread
 from lensemble.study.registry import load_registry
+from lensemble.study.replicates import has_replicates, nested_bootstrap, seed_units
 from lensemble.study.rho import rho_in_cell, rho_table
 from lensemble.study.spec import ALL_ARMS
 
@@ -126,38 +128,95 @@ def _combine_episodes(vals: list[dict], how: str) -> tuple[dict | None, str | No
 
 
 def arm_values(cell: dict, arm: str, summaries: dict, local_reference: str = "mean") -> dict[int, dict]:
-    """``{seed: values}`` of one arm in one cell; the local arm combines its silos (all must be done)."""
+    """``{seed: values}`` of one arm in one cell; the local arm combines its silos (all must be done).
+
+    A cell with training replicates (``cell["replicates"]``, docs/study.md "Replicates") gives a
+    seed the mean of its finished replicates' values, the replicates themselves under
+    ``"replicates"``; without, the values of the seed's one run, as before replicates existed."""
+    if "replicates" in cell:
+        return _replicated_values(cell, arm, summaries, local_reference)
     out = {}
     for seed, ids in (cell.get("arms", {}).get(arm) or {}).items():
-        if not ids or any(i not in summaries for i in ids):
-            continue
-        vals = [_run_values(summaries[i]) for i in ids]
-        if arm != "local":
-            out[int(seed)] = vals[0]
-            continue
-        succ = [v["success"] for v in vals]
-        ok = all(s is not None for s in succ)
-        combined = {
-            "success_mean": float(np.mean(succ)) if ok else None,
-            "success_best": float(np.max(succ)) if ok else None,
-            "n_successes": sum(v["n_successes"] or 0 for v in vals),
-            "n_episodes": sum(v["n_episodes"] or 0 for v in vals),
-            "effective_dim": _mean([v["effective_dim"] for v in vals]),
-            "latent_std": _mean([v["latent_std"] for v in vals]),
-            "probe_r2": _mean([v["probe_r2"] for v in vals]),
-            "pixel_pca_r2": _mean([v["pixel_pca_r2"] for v in vals]),
-            "one_step_error": _mean([v["one_step_error"] for v in vals]),
-            "drift_final": None, "drift_mean": None, "drift_subspace_final": None, "drift_subspace_mean": None,
-            "curves": {},
-            "silos": {str(k): v["success"] for k, v in enumerate(vals)},
-            "route_valid_success": _mean([v["route_valid_success"] for v in vals]),
-            "seconds": {"train": sum(v["seconds"].get("train", 0) for v in vals),
-                        "eval": sum(v["seconds"].get("eval", 0) for v in vals)},
-        }
-        combined["success"] = combined["success_best" if local_reference == "best" else "success_mean"]
-        combined["episodes"], combined["goal_spec_hash"] = _combine_episodes(vals, local_reference)
-        out[int(seed)] = combined
+        v = _seed_values(ids, arm, summaries, local_reference)
+        if v is not None:
+            out[int(seed)] = v
     return out
+
+
+def _replicated_values(cell: dict, arm: str, summaries: dict, local_reference: str) -> dict[int, dict]:
+    out = {}
+    for seed, reps in (cell["replicates"].get(arm) or {}).items():
+        vals = [v for ids in reps if (v := _seed_values(ids, arm, summaries, local_reference)) is not None]
+        if vals:
+            out[int(seed)] = _replicate_mean(vals)
+    return out
+
+
+_SCALARS = ("success", "success_mean", "success_best", "route_valid_success", "effective_dim", "latent_std",
+            "probe_r2", "pixel_pca_r2", "one_step_error", "drift_final", "drift_mean", "drift_subspace_final",
+            "drift_subspace_mean")
+
+
+def _replicate_mean(vals: list[dict]) -> dict:
+    """One seed's values over its training replicates: scalars, round curves and (when every
+    replicate played the same episodes) per-episode outcomes averaged; counts and seconds summed."""
+    first = vals[0]
+    out = {k: v for k, v in first.items() if k not in _SCALARS}
+    for k in _SCALARS:
+        if k in first:
+            xs = [v.get(k) for v in vals]
+            # like the mean over rounds: only when every replicate measured it
+            out[k] = _mean(xs) if all(x is not None for x in xs) else None
+    eps = [v.get("episodes") for v in vals]
+    if all(e is not None for e in eps) and len({v.get("goal_spec_hash") for v in vals}) == 1 \
+            and len({frozenset(e) for e in eps}) == 1:
+        out["episodes"] = {key: float(np.mean([e[key] for e in eps])) for key in eps[0]}
+    else:
+        out["episodes"] = None
+    for k in ("n_successes", "n_episodes"):
+        out[k] = sum(int(v.get(k) or 0) for v in vals)
+    curves = {}
+    for m in {m for v in vals for m in (v.get("curves") or {})}:
+        rows = [v["curves"].get(m) or [] for v in vals]
+        length = max(len(r) for r in rows)
+        curves[m] = [_mean([r[t] for r in rows if t < len(r)]) for t in range(length)]
+    out["curves"] = curves
+    if "silos" in first:
+        out["silos"] = {k: _mean([v["silos"].get(k) for v in vals]) for k in first["silos"]}
+    out["seconds"] = {x: sum(v["seconds"].get(x, 0) or 0 for v in vals) for x in ("train", "eval")}
+    out["replicates"] = vals
+    return out
+
+
+def _seed_values(ids: list[str], arm: str, summaries: dict, local_reference: str) -> dict | None:
+    """The values of one seed's run(s) of ``arm`` (the local arm's silos combined); None until done."""
+    if not ids or any(i not in summaries for i in ids):
+        return None
+    vals = [_run_values(summaries[i]) for i in ids]
+    if arm != "local":
+        return vals[0]
+    succ = [v["success"] for v in vals]
+    ok = all(s is not None for s in succ)
+    combined = {
+        "success_mean": float(np.mean(succ)) if ok else None,
+        "success_best": float(np.max(succ)) if ok else None,
+        "n_successes": sum(v["n_successes"] or 0 for v in vals),
+        "n_episodes": sum(v["n_episodes"] or 0 for v in vals),
+        "effective_dim": _mean([v["effective_dim"] for v in vals]),
+        "latent_std": _mean([v["latent_std"] for v in vals]),
+        "probe_r2": _mean([v["probe_r2"] for v in vals]),
+        "pixel_pca_r2": _mean([v["pixel_pca_r2"] for v in vals]),
+        "one_step_error": _mean([v["one_step_error"] for v in vals]),
+        "drift_final": None, "drift_mean": None, "drift_subspace_final": None, "drift_subspace_mean": None,
+        "curves": {},
+        "silos": {str(k): v["success"] for k, v in enumerate(vals)},
+        "route_valid_success": _mean([v["route_valid_success"] for v in vals]),
+        "seconds": {"train": sum(v["seconds"].get("train", 0) for v in vals),
+                    "eval": sum(v["seconds"].get("eval", 0) for v in vals)},
+    }
+    combined["success"] = combined["success_best" if local_reference == "best" else "success_mean"]
+    combined["episodes"], combined["goal_spec_hash"] = _combine_episodes(vals, local_reference)
+    return combined
 
 
 # ================================================================================== statistics
@@ -209,7 +268,25 @@ def arm_stats(per_seed: dict[int, dict], n_boot: int) -> dict:
                        for s, v in sorted(per_seed.items())}
     secs = [sum(v["seconds"].get(x, 0) or 0 for x in ("train", "eval")) for v in per_seed.values()]
     out["seconds_per_seed"] = _mean(secs)
+    if any("replicates" in v for v in per_seed.values()):
+        out["replicates"] = _replicate_stats(per_seed)
     return out
+
+
+def _replicate_stats(per_seed: dict[int, dict]) -> dict:
+    """Per seed the replicates' success rates, and the measured replicate spread
+    (:func:`lensemble.study.power.replicate_spread`: the between-replicate SD of success within
+    a seed, the number to plan the next study with, ``registry.planning.sd_replicate_success``)."""
+    rates, within = [], []
+    for _, v in sorted(per_seed.items()):
+        reps = [x for x in v.get("replicates") or [v] if x.get("success") is not None]
+        rates.append([x["success"] for x in reps])
+        within.append([x["success"] * (1 - x["success"]) / x["n_episodes"] if x.get("n_episodes") else 0.0
+                       for x in reps])
+    spread = replicate_spread(rates, within)
+    return {"per_seed": {str(s): r for s, r in zip(sorted(per_seed), rates, strict=True)},
+            "n": {str(s): len(r) for s, r in zip(sorted(per_seed), rates, strict=True)},
+            "spread": {k: (None if isinstance(x, float) and not math.isfinite(x) else x) for k, x in spread.items()}}
 
 
 def _paired_units(t: dict[int, dict], c: dict[int, dict], metric: str) -> tuple[list[int], list[float], list | None]:
@@ -254,7 +331,9 @@ def paired_comparison(t: dict[int, dict], c: dict[int, dict], metric: str, direc
     res.update({"estimate": test.estimate, "ci": [test.ci.low, test.ci.high], "ci_method": test.ci.method,
                 "sd": test.sd, "se": test.se, "df": test.df, "p_value": test.p_confirm, "p_falsify": test.p_falsify,
                 "test": "paired t, " + ("two-sided" if alternative == "two-sided" else f"one-sided ({direction})")})
-    if per_seed is not None:
+    if metric == "success" and has_replicates(t, c):
+        res.update(_replicated_interval(t, c, seeds, per_seed, test.sd ** 2, n_boot))
+    elif per_seed is not None:
         est, ci, se = hierarchical_bootstrap(per_seed, n_boot=n_boot, seed=0)
         within = float(np.mean([a.var(ddof=1) / a.size if a.size > 1 else 0.0 for a in per_seed]))
         res.update({"n_episode_pairs": int(sum(a.size for a in per_seed)),
@@ -262,6 +341,33 @@ def paired_comparison(t: dict[int, dict], c: dict[int, dict], metric: str, direc
                     "variance": {"per_seed_difference": test.sd ** 2, "within_seed_paired_episodes": within,
                                  "between_seed": max(0.0, test.sd ** 2 - within)}})
     return res
+
+
+def _replicated_interval(t: dict[int, dict], c: dict[int, dict], seeds: list[int], per_seed: list | None,
+                         var_seed_diff: float, n_boot: int) -> dict:
+    """The hierarchical interval of a success difference with training replicates: seeds, then
+    each arm's replicates, then the seed's paired episodes (lensemble.study.replicates), and the
+    split of the per-seed difference's variance into episodes, replicates and seeds."""
+    units, levels = seed_units([t, c], seeds)
+    boot = nested_bootstrap(units, n_boot=n_boot, seed=0)
+    d = boot[:, 0] - boot[:, 1]
+    low, high = np.quantile(d, [0.025, 0.975])
+    # the replicate part of a seed's difference: each arm's between-replicate variance of its
+    # success rates over its replicate count (the rates hold their episode noise: an upper end)
+    rep_var = float(np.mean([sum(float(np.var(y.mean(1), ddof=1)) / y.shape[0] for y in arms if y.shape[0] > 1)
+                             for arms in units]))
+    within = (float(np.mean([a.var(ddof=1) / a.size if a.size > 1 else 0.0 for a in per_seed]))
+              if per_seed is not None else None)
+    out = {"hierarchical_ci": [float(low), float(high)], "hierarchical_se": float(d.std(ddof=1)),
+           "hierarchical_levels": levels,
+           "replicates": {"treatment": {str(s): len(t[s].get("replicates") or [t[s]]) for s in seeds},
+                          "control": {str(s): len(c[s].get("replicates") or [c[s]]) for s in seeds}},
+           "variance": {"per_seed_difference": var_seed_diff, "between_replicate_in_seed_mean": rep_var,
+                        **({"within_seed_paired_episodes": within} if within is not None else {}),
+                        "between_seed": max(0.0, var_seed_diff - rep_var - (within or 0.0))}}
+    if per_seed is not None:
+        out["n_episode_pairs"] = int(sum(a.size for a in per_seed))
+    return out
 
 
 def _decide(comp: dict, *, alpha: float, p_adjusted: float | None, p_falsify_adjusted: float | None) -> dict:
@@ -340,7 +446,7 @@ def _power_now(reg: dict) -> dict:
     k = len([c for cl in reg["claims"] if cl["id"] in an.get("confirmatory_family", []) for c in cl["components"]])
     now = power_analysis(SimpleNamespace(registry=rs), int(pa.get("n_seeds", len(reg["design"]["seeds"]))),
                          int(pa.get("n_episodes_per_arm_and_seed", reg["design"]["evaluation"]["episodes"])), k,
-                         ladder_k=len(reg.get("ladder_comparisons", [])))
+                         ladder_k=len(reg.get("ladder_comparisons", [])), replicates=int(pa.get("n_replicates", 1)))
     return {"source": "computed at re-analysis from the registered planning numbers (not registered before the runs)",
             **now["families"], "components": now["components"]}
 
@@ -400,6 +506,9 @@ def analyze(study_dir: str | Path, *, write: bool = True) -> dict:
                 "key": cell["key"], "value": cell["value"], "budget": cell["budget"], "seeds": cell["seeds"],
                 "arms": {arm: arm_stats(v, n_boot) for arm, v in vals.items()},
                 "runs": {arm: cell["arms"][arm] for arm in arms},  # seed -> run ids (shared runs share ids)
+                # training replicates: seed -> one list of run ids per replicate (replicate 0 is "runs")
+                **({"replicate_runs": {arm: cell["replicates"][arm] for arm in arms if arm in cell["replicates"]}}
+                   if "replicates" in cell else {}),
             }
     ladder = values.get(LADDER, {}).get("default", {})
 

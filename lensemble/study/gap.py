@@ -142,4 +142,45 @@ def gap_recovery(
     )
 
 
-__all__ = ["GapRecovery", "gap_recovery"]
+def gap_recovery_replicated(units, *, n_boot: int = 10_000, seed: int = 0, alpha: float = 0.05,
+                            levels: str = "seeds, replicates, paired episodes") -> GapRecovery:
+    """:func:`gap_recovery` for a study with training replicates: ρ of the replicate-mean success
+    rates (the ratio of means over seeds, as without replicates), its intervals from the
+    three-level bootstrap :func:`lensemble.study.replicates.nested_bootstrap` (seeds, then each
+    arm's replicates, then the seed's tasks).
+
+    Args:
+        units: per seed, ``[fed, local, central]`` arrays (replicates, tasks) of outcomes
+            (:func:`lensemble.study.replicates.seed_units`).
+        levels: what was resampled (recorded in ``method``).
+    """
+    from lensemble.study.replicates import nested_bootstrap, point_estimate
+
+    alpha = check_alpha(alpha)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise EvaluationError(f"seed must be an int (it is recorded in the result), got {seed!r}")
+    if any(len(arms) != 3 for arms in units):
+        raise EvaluationError("gap_recovery_replicated needs [fed, local, central] per seed",
+                              remediation="pass lensemble.study.replicates.seed_units([fed, local, central], seeds)")
+    boot = nested_bootstrap(units, n_boot=n_boot, seed=seed)
+    fed, local, central = point_estimate(units)
+    num, den = float(fed - local), float(central - local)
+    num_reps, den_reps = boot[:, 0] - boot[:, 1], boot[:, 2] - boot[:, 1]
+    q = [alpha / 2, 1 - alpha / 2]
+    num_ci = tuple(float(x) for x in np.quantile(num_reps, q))
+    den_ci = tuple(float(x) for x in np.quantile(den_reps, q))
+    common = dict(numerator=num, numerator_ci=num_ci, denominator=den, denominator_ci=den_ci, n_seeds=len(units),
+                  n_boot=n_boot, alpha=alpha, seed=int(seed), method=f"hierarchical bootstrap ({levels}), percentile")
+    if den_ci[0] <= 0.0 <= den_ci[1]:
+        return GapRecovery(defined=False, rho=None, rho_ci=None, reason=(
+            f"the {100 * (1 - alpha):.0f}% interval of S_central - S_local [{den_ci[0]:.4g}, {den_ci[1]:.4g}] "
+            "contains 0: no measurable gap to recover"), **common)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho_reps = num_reps / den_reps
+    indeterminate = np.isnan(rho_reps)
+    rho_ci = tuple(float(x) for x in np.quantile(rho_reps[~indeterminate], q, method="inverted_cdf"))
+    return GapRecovery(defined=True, reason=None, rho=num / den, rho_ci=rho_ci,
+                       n_indeterminate=int(indeterminate.sum()), **common)
+
+
+__all__ = ["GapRecovery", "gap_recovery", "gap_recovery_replicated"]

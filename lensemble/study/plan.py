@@ -39,7 +39,7 @@ PATH_KEYS = ("run_dir", "data.root", "data.workers", "federation.warmstart", "fe
 # Keys a single-site run ignores (its identity must not depend on them, so sweeps over them share it).
 FEDERATION_PREFIXES = ("gauge", "federation", "privacy")
 # Set per run by the study (seed, output folders), never copied from a base config.
-_PER_RUN_FIELDS = ("root_seed", "run_dir", "federation.warmstart", "federation.state_dir")
+_PER_RUN_FIELDS = ("root_seed", "run_dir", "federation.warmstart", "federation.state_dir", "train.replicate")
 # The flags that define an arm (the rung table's gauge flags and Fork A's frozen encoder); never
 # copied from a base config.
 _ARM_FIELDS = ({"gauge.rung", "model.encoder_frozen"}
@@ -294,13 +294,18 @@ def plan_study(spec: StudySpec) -> StudyPlan:
     by_hash: dict[str, str] = {}
     groups: dict[str, dict[str, dict]] = {}
     base = pinned_precision(spec.overrides)
+    if any(_key(o).lstrip("+~") == "train.replicate" for o in base):
+        raise ConfigError("train.replicate is set per run by the study: an override of every run cannot set it",
+                          remediation="drop train.replicate from the overrides; set the study's replicates "
+                                      "(study.replicates=N) for N training replicates per seed")
 
     composed: dict[tuple[str, ...], object] = {}
 
     def compose(overrides: list[str]):
-        # Seeds differ between otherwise identical runs: compose once without them (Hydra is slow),
-        # then set the two integer leaves, which no validator of the config looks at.
-        seeds = {_key(o): int(o.split("=", 1)[1]) for o in overrides if _key(o) in ("root_seed", "eval.seed")}
+        # Seeds (and replicates) differ between otherwise identical runs: compose once without them
+        # (Hydra is slow), then set the integer leaves, which no validator of the config looks at.
+        seeds = {_key(o): int(o.split("=", 1)[1]) for o in overrides
+                 if _key(o) in ("root_seed", "eval.seed", "train.replicate")}
         key = tuple(o for o in overrides if _key(o) not in seeds)
         if key not in composed:
             composed[key] = load_config(list(key))  # validates every run before anything runs
@@ -309,6 +314,8 @@ def plan_study(spec: StudySpec) -> StudyPlan:
             cfg = cfg.model_copy(update={
                 "root_seed": seeds.get("root_seed", cfg.root_seed),
                 "eval": cfg.eval.model_copy(update={"seed": seeds.get("eval.seed", cfg.eval.seed)})})
+        if "train.replicate" in seeds:  # 1 <= r < spec.replicates <= 100: within the field's range
+            cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"replicate": seeds["train.replicate"]})})
         return cfg
 
     def add(run: PlannedRun, cell: str) -> str:
@@ -371,35 +378,52 @@ def plan_study(spec: StudySpec) -> StudyPlan:
             if spec.warmstart == "study":
                 point_warm = {s: point_warm[spec.seeds[0]] for s in all_seeds}
         arm_runs: dict[str, dict[str, list[str]]] = {}
+        replicate_runs: dict[str, dict[str, list[list[str]]]] = {}
         for s in seeds:
-            seed_ov = [f"root_seed={s}", f"eval.seed={s}"]
             ws = point_warm.get(s)
             for arm in arms:
-                ids: list[str] = []
-                if arm == "warmstart_only":
-                    # The warm start scored as it is: nothing trains, the seed's episodes are played.
-                    single = drop_keys(ov, FEDERATION_PREFIXES) + seed_ov
-                    ids.append(add(PlannedRun(f"{prefix}warmstart_only-s{s}", "evaluate", arm, s, single,
-                                              source="warmstart", warmstart=ws), cell))
-                elif arm in ("central", "twin", "central_persilo"):
-                    single = drop_keys(ov, FEDERATION_PREFIXES) + seed_ov + single_overrides(arm, budget)
-                    ids.append(add(PlannedRun(f"{prefix}{arm}-s{s}", "single", arm, s, single, source="pooled",
-                                              warmstart=ws), cell))
-                elif arm == "local":
-                    single = drop_keys(ov, FEDERATION_PREFIXES) + seed_ov + single_overrides(arm, budget)
-                    for i in range(cfg0.data.num_silos):
-                        ids.append(add(PlannedRun(f"{prefix}local-silo{i}-s{s}", "single", arm, s, single,
-                                                  source=f"silo-{i}", silo=i, warmstart=ws), cell))
-                else:
-                    fed = ov + arm_overrides(arm) + seed_ov
-                    ids.append(add(PlannedRun(f"{prefix}{arm}-s{s}", "federated", arm, s, fed, warmstart=ws), cell))
-                arm_runs.setdefault(arm, {})[str(s)] = ids
+                for r in range(spec.replicates):
+                    ids = _arm_runs(add, cell, prefix, arm, s, r, ov, budget, cfg0.data.num_silos, ws)
+                    if r == 0:
+                        arm_runs.setdefault(arm, {})[str(s)] = ids
+                    if spec.replicates > 1:
+                        reps = replicate_runs.setdefault(arm, {}).setdefault(str(s), [])
+                        if ids not in reps:  # an arm that trains nothing (warmstart_only) has one replicate
+                            reps.append(ids)
         groups.setdefault(group, {})[point] = {
             "key": key, "value": value, "overrides": normalize_overrides(ov), "seeds": seeds,
             "budget": budget, "arms": arm_runs,
+            # only with replicates, so a plan without them is the plan of before (arms: replicate 0)
+            **({"replicates": replicate_runs} if spec.replicates > 1 else {}),
         }
     configs = {rid: compose(run.overrides) for rid, run in runs.items()}
     return StudyPlan(spec.name, runs, groups, warm, configs)
+
+
+def _arm_runs(add, cell: str, prefix: str, arm: str, s: int, r: int, ov: list[str], budget: dict, silos: int,
+              ws: str | None) -> list[str]:
+    """Plan replicate ``r`` of ``arm`` at seed ``s`` in ``cell``; its run ids (one per silo for local).
+
+    Replicate 0 is the run of a study without replicates (its id, overrides and identity); r > 0
+    adds ``train.replicate=r`` (another batch order, nothing else) and ``-r<r>`` to the id. The
+    warm-start-only arm trains nothing, so every replicate is its one evaluation."""
+    seed_ov = [f"root_seed={s}", f"eval.seed={s}"]
+    rep_ov, rep_id = ([f"train.replicate={r}"], f"-r{r}") if r else ([], "")
+    if arm == "warmstart_only":
+        # The warm start scored as it is: nothing trains, the seed's episodes are played.
+        single = drop_keys(ov, FEDERATION_PREFIXES) + seed_ov
+        return [add(PlannedRun(f"{prefix}warmstart_only-s{s}", "evaluate", arm, s, single,
+                               source="warmstart", warmstart=ws), cell)]
+    if arm in ("central", "twin", "central_persilo"):
+        single = drop_keys(ov, FEDERATION_PREFIXES) + seed_ov + single_overrides(arm, budget) + rep_ov
+        return [add(PlannedRun(f"{prefix}{arm}-s{s}{rep_id}", "single", arm, s, single, source="pooled",
+                               warmstart=ws), cell)]
+    if arm == "local":
+        single = drop_keys(ov, FEDERATION_PREFIXES) + seed_ov + single_overrides(arm, budget) + rep_ov
+        return [add(PlannedRun(f"{prefix}local-silo{i}-s{s}{rep_id}", "single", arm, s, single,
+                               source=f"silo-{i}", silo=i, warmstart=ws), cell) for i in range(silos)]
+    fed = ov + arm_overrides(arm) + seed_ov + rep_ov
+    return [add(PlannedRun(f"{prefix}{arm}-s{s}{rep_id}", "federated", arm, s, fed, warmstart=ws), cell)]
 
 
 def estimate_seconds(spec: StudySpec, plan: StudyPlan) -> dict:

@@ -90,6 +90,32 @@ def simulate_success(rng: np.random.Generator, reps: int, n_seeds: int, n_episod
     return t.astype(np.float64) - c.astype(np.float64)
 
 
+def simulate_success_replicated(rng: np.random.Generator, reps: int, n_seeds: int, n_episodes: int, *,
+                                baseline: float, effect: float, sd_train: float, sd_replicate: float,
+                                replicates: int, episode_correlation: float) -> np.ndarray:
+    """Per-seed paired success differences (reps, n_seeds) with ``replicates`` training replicates
+    of each arm per seed: treatment − control of the replicate means.
+
+    Seed s has the true difference ``effect + u``, u ~ N(0, 2·sd_train²) (the seed means' spread);
+    each replicate of each arm adds its own w ~ N(0, sd_replicate²) to its arm's rate (the training
+    run's spread within a seed). Every replicate of both arms plays the seed's same ``n_episodes``
+    tasks: any two runs' outcomes on one task are coupled by one Gaussian copula with the
+    correlation ``episode_correlation`` (the same task is easy or hard for every run)."""
+    tau = math.sqrt(2.0) * sd_train
+    u = rng.normal(0.0, tau, size=(reps, n_seeds, 1, 1)) if tau > 0 else np.zeros((reps, n_seeds, 1, 1))
+    w = (rng.normal(0.0, sd_replicate, size=(reps, n_seeds, 2, replicates)) if sd_replicate > 0
+         else np.zeros((reps, n_seeds, 2, replicates)))
+    sign = np.array([0.5, -0.5])[None, None, :, None]                    # treatment, control
+    p = np.clip(baseline + sign * (effect + u) + w, 0.005, 0.995)        # (reps, seeds, arm, replicate)
+    r = latent_correlation(float(baseline), float(episode_correlation))
+    task = rng.standard_normal(size=(reps, n_seeds, 1, 1, n_episodes))
+    own = rng.standard_normal(size=(reps, n_seeds, 2, replicates, n_episodes))
+    z = math.sqrt(r) * task + math.sqrt(1 - r) * own
+    y = (z < stats.norm.ppf(p)[..., None]).astype(np.float64).mean(-1)   # each run's success rate
+    rate = y.mean(-1)                                                    # replicate means (reps, seeds, arm)
+    return rate[..., 0] - rate[..., 1]
+
+
 def t_reject(per_seed: np.ndarray, alpha: float) -> np.ndarray:
     """Vectorised registered test: one-sided t of (reps, n) per-seed differences at ``alpha``."""
     n = per_seed.shape[-1]
@@ -103,25 +129,37 @@ def t_reject(per_seed: np.ndarray, alpha: float) -> np.ndarray:
 
 @lru_cache(maxsize=512)
 def simulated_success_power(delta: float, *, n_seeds: int, n_episodes: int, baseline: float, sd_train: float,
-                            episode_correlation: float, alpha: float, reps: int = 4000, seed: int = 0) -> float:
-    """Power of the registered t test for a true success difference ``delta`` (simulation)."""
+                            episode_correlation: float, alpha: float, reps: int = 4000, seed: int = 0,
+                            replicates: int = 1, sd_replicate: float | None = None) -> float:
+    """Power of the registered t test for a true success difference ``delta`` (simulation).
+
+    With ``replicates`` > 1 or a ``sd_replicate`` (the measured between-replicate spread), each
+    seed's difference is that of its replicate means (:func:`simulate_success_replicated`);
+    otherwise the one-run model of before (:func:`simulate_success`), number for number."""
     if n_seeds < 2:
         return 0.0
     rng = np.random.default_rng(seed)
-    d = simulate_success(rng, reps, n_seeds, n_episodes, baseline=baseline, effect=delta, sd_train=sd_train,
-                         episode_correlation=episode_correlation).mean(-1)
+    if replicates == 1 and sd_replicate is None:
+        d = simulate_success(rng, reps, n_seeds, n_episodes, baseline=baseline, effect=delta, sd_train=sd_train,
+                             episode_correlation=episode_correlation).mean(-1)
+    else:
+        d = simulate_success_replicated(rng, reps, n_seeds, n_episodes, baseline=baseline, effect=delta,
+                                        sd_train=sd_train, sd_replicate=float(sd_replicate or 0.0),
+                                        replicates=int(replicates), episode_correlation=episode_correlation)
     return float(t_reject(d, alpha).mean())
 
 
 def simulated_success_mde(*, n_seeds: int, n_episodes: int, baseline: float, sd_train: float,
                           episode_correlation: float, alpha: float, power: float, reps: int = 4000,
-                          seed: int = 0) -> float | None:
+                          seed: int = 0, replicates: int = 1, sd_replicate: float | None = None) -> float | None:
     """The smallest success difference the registered test detects with ``power`` (bisection over
     the simulated power, common random numbers); None when even 1 − baseline is not enough."""
     if n_seeds < 2:
         return None
     kw = dict(n_seeds=n_seeds, n_episodes=n_episodes, baseline=baseline, sd_train=sd_train,
               episode_correlation=episode_correlation, alpha=alpha, reps=reps, seed=seed)
+    if replicates != 1 or sd_replicate is not None:  # (kept out of kw otherwise: the cache keys of before)
+        kw.update(replicates=int(replicates), sd_replicate=sd_replicate)
     hi = min(2 * (1 - baseline), 2 * baseline)
     if simulated_success_power(hi, **kw) < power:
         return None
@@ -135,12 +173,18 @@ def simulated_success_mde(*, n_seeds: int, n_episodes: int, baseline: float, sd_
     return float(hi)
 
 
-def success_sd(baseline: float, n_episodes: int, sd_train: float, episode_correlation: float) -> float:
+def success_sd(baseline: float, n_episodes: int, sd_train: float, episode_correlation: float, *,
+               replicates: int = 1, sd_replicate: float | None = None) -> float:
     """SD of one seed's paired success difference under the planning model (normal approx.):
-    sqrt(2·p0(1 − p0)(1 − ρ)/E + 2·σ_train²)."""
+    sqrt(2·p0(1 − p0)(1 − ρ)/(E·R) + 2·σ_train² + 2·σ_rep²/R) with R replicates per arm playing the
+    same E tasks (R = 1, no σ_rep: sqrt(2·p0(1 − p0)(1 − ρ)/E + 2·σ_train²))."""
     if n_episodes < 1:
         raise EvaluationError("n_episodes must be >= 1")
-    return math.sqrt(2 * baseline * (1 - baseline) * (1 - episode_correlation) / n_episodes + 2 * sd_train**2)
+    if replicates < 1:
+        raise EvaluationError(f"replicates must be >= 1, got {replicates}")
+    rep = 0.0 if sd_replicate is None else 2 * sd_replicate**2 / replicates
+    return math.sqrt(2 * baseline * (1 - baseline) * (1 - episode_correlation) / (n_episodes * replicates)
+                     + 2 * sd_train**2 + rep)
 
 
 def seed_spread(rates, within_var) -> dict:
@@ -160,6 +204,32 @@ def seed_spread(rates, within_var) -> dict:
             "sd_raw_upper80": math.sqrt(var * (k - 1) / stats.chi2.ppf(0.2, k - 1))}
 
 
+def replicate_spread(rates_by_seed, within_var_by_seed) -> dict:
+    """Between-replicate spread of one arm's success within a seed, from runs with replicates:
+    ``rates_by_seed`` a list (one per seed) of its replicates' success rates, ``within_var_by_seed``
+    the same shape, each rate's binomial variance over its tasks. Seeds with one replicate are
+    skipped. ``sd_raw`` pools the within-seed variance of the rates (k_s − 1 degrees of freedom each;
+    it holds the task noise too: conservative), ``sd_moments`` removes the mean binomial part
+    (method of moments, never below 0), ``sd_raw_upper80`` is the pooled SD's 80 % chi-square
+    upper end: the spread to plan with (``registry.planning.sd_replicate_success``)."""
+    ss, df, within, n = 0.0, 0, [], 0
+    for rates, var in zip(rates_by_seed, within_var_by_seed, strict=True):
+        x = np.asarray(rates, float)
+        if x.size < 2:
+            continue
+        ss += float(((x - x.mean()) ** 2).sum())
+        df += x.size - 1
+        within.extend(float(v) for v in var)
+        n += 1
+    if df == 0:
+        nan = float("nan")
+        return {"seeds": 0, "df": 0, "sd_raw": nan, "sd_moments": nan, "sd_raw_upper80": nan}
+    var = ss / df
+    return {"seeds": n, "df": df, "sd_raw": math.sqrt(var),
+            "sd_moments": math.sqrt(max(0.0, var - float(np.mean(within)))),
+            "sd_raw_upper80": math.sqrt(var * df / stats.chi2.ppf(0.2, df))}
+
+
 def episode_phi(a, b) -> float:
     """Correlation (phi) of two arms' 0/1 outcomes on the same tasks; nan when one is constant."""
     a, b = np.asarray(a, float), np.asarray(b, float)
@@ -168,5 +238,6 @@ def episode_phi(a, b) -> float:
     return float(np.corrcoef(a, b)[0, 1])
 
 
-__all__ = ["episode_phi", "seed_spread", "latent_correlation", "simulate_success", "simulated_success_mde", "simulated_success_power",
-           "success_sd", "t_mde", "t_power", "t_reject"]
+__all__ = ["episode_phi", "seed_spread", "latent_correlation", "replicate_spread", "simulate_success",
+           "simulate_success_replicated", "simulated_success_mde", "simulated_success_power", "success_sd", "t_mde",
+           "t_power", "t_reject"]

@@ -68,17 +68,25 @@ _SIM_REPS = 2000  # Monte-Carlo SE of a power near 0.8: 0.009
 class _Metric:
     """Power of the registered test for one metric under the registry's planning numbers."""
 
-    def __init__(self, name: str, spec, n_seeds: int, n_episodes: int):
+    def __init__(self, name: str, spec, n_seeds: int, n_episodes: int, replicates: int = 1):
         r, p = spec.registry, spec.registry.planning
         self.name, self.n, self.e = name, n_seeds, n_episodes
         self.p = p
         self.delta = {"success": r.delta.success, "drift": r.delta.drift_deg, "effective_dim": r.delta.effective_dim}[name]
         self.unit = {"success": "rate", "drift": "degrees", "effective_dim": "dimensions"}[name]
-        self.sd = (pw.success_sd(p.baseline_success, n_episodes, p.sd_train_success, p.episode_correlation)
+        # The replicate level (issue 44) enters only when the study has replicates or a measured spread:
+        # the calls, and so every number, of a study without either are those of before.
+        sd_rep = getattr(p, "sd_replicate_success", None)
+        self.rep = {} if replicates == 1 and sd_rep is None else {"replicates": replicates, "sd_replicate": sd_rep}
+        self.sd = (pw.success_sd(p.baseline_success, n_episodes, p.sd_train_success, p.episode_correlation, **self.rep)
                    if name == "success" else {"drift": p.sd_drift_deg, "effective_dim": p.sd_effective_dim}[name])
         self.method = ("simulation of the t test on binary episodes (2000 replicates, seed 0): per-seed spread "
                        "2·sd_train², episode correlation between arms as planned" if name == "success"
                        else "noncentral t (normal per-seed differences)")
+        if name == "success" and self.rep:
+            self.method += (f"; {replicates} training replicate(s) per arm and seed, each adding its own spread "
+                            f"sd_replicate_success = {sd_rep or 0.0} and playing the seed's same episodes; a seed's "
+                            "difference is that of its replicate means")
 
     def power(self, delta: float, alpha: float, n: int | None = None) -> float:
         n = self.n if n is None else n
@@ -86,7 +94,7 @@ class _Metric:
             return pw.simulated_success_power(delta, n_seeds=n, n_episodes=self.e, baseline=self.p.baseline_success,
                                               sd_train=self.p.sd_train_success,
                                               episode_correlation=self.p.episode_correlation, alpha=alpha,
-                                              reps=_SIM_REPS)
+                                              reps=_SIM_REPS, **self.rep)
         return pw.t_power(delta, self.sd, n, alpha)
 
     def mde(self, alpha: float, power: float) -> float | None:
@@ -94,7 +102,7 @@ class _Metric:
             return pw.simulated_success_mde(n_seeds=self.n, n_episodes=self.e, baseline=self.p.baseline_success,
                                             sd_train=self.p.sd_train_success,
                                             episode_correlation=self.p.episode_correlation, alpha=alpha, power=power,
-                                            reps=_SIM_REPS)
+                                            reps=_SIM_REPS, **self.rep)
         return pw.t_mde(self.sd, self.n, alpha, power)
 
     def seeds_for_delta(self, alpha: float, power: float) -> int | None:
@@ -103,16 +111,19 @@ class _Metric:
 
 def power_analysis(spec, n_seeds: int, n_episodes: int, holm_k: int, *, ladder_k: int = 0,
                    ladder_metrics: tuple[str, ...] = ("drift", "success"),
-                   confirm_metrics: tuple[str, ...] = ("drift", "success", "effective_dim")) -> dict:
-    """Power, MDEs and, per Holm family, whether it can confirm at the planned size."""
+                   confirm_metrics: tuple[str, ...] = ("drift", "success", "effective_dim"),
+                   replicates: int | None = None) -> dict:
+    """Power, MDEs and, per Holm family, whether it can confirm at the planned size
+    (``replicates``: training replicates per arm and seed; default the spec's, else 1)."""
     r = spec.registry
     p = r.planning
     alt = r.alternative
+    replicates = int(replicates if replicates is not None else getattr(spec, "replicates", 1))
     # A two-sided registration halves the one-sided level every comparison is run at.
     side = 1.0 if alt == "one-sided" else 0.5
     a_first = side * r.alpha / max(holm_k, 1)
     a_ladder = side * r.alpha / max(ladder_k, 1)
-    metrics = {m: _Metric(m, spec, n_seeds, n_episodes) for m in ("success", "drift", "effective_dim")}
+    metrics = {m: _Metric(m, spec, n_seeds, n_episodes, replicates) for m in ("success", "drift", "effective_dim")}
     comps = {}
     for name, m in metrics.items():
         comps[name] = {
@@ -165,7 +176,11 @@ def power_analysis(spec, n_seeds: int, n_episodes: int, holm_k: int, *, ladder_k
         "n_seeds": n_seeds, "n_episodes_per_arm_and_seed": n_episodes, "alpha": r.alpha, "power": r.power,
         "alternative": alt, "holm_family_size": holm_k, "first_holm_threshold": a_first,
         "assumptions": p.model_dump(mode="json"),
-        "success_sd_formula": "sqrt(2·p0·(1-p0)·(1-ρ_episode)/E + 2·sd_train²)",
+        # named only with replicates or a replicate spread: registries hashed before them stay valid
+        **({"n_replicates": replicates} if metrics["success"].rep else {}),
+        "success_sd_formula": ("sqrt(2·p0·(1-p0)·(1-ρ_episode)/(E·R) + 2·sd_train² + 2·sd_replicate²/R), R = "
+                               "replicates" if metrics["success"].rep else
+                               "sqrt(2·p0·(1-p0)·(1-ρ_episode)/E + 2·sd_train²)"),
         "mde_formula": "power of the registered t test: noncentral t for normal metrics, simulated for success",
         "permutation_p_floor": 0.0,
         "seeds_needed_for_floor": 2,
@@ -313,6 +328,14 @@ def build_registry(spec, plan) -> dict:
         **({"stopped": spec.stopped} if spec.stopped else {}),
         "design": {
             "seeds": list(spec.seeds),
+            # only with replicates, so the registries of studies without them keep their hashes
+            **({"replicates": {
+                "per_seed_and_arm": spec.replicates,
+                "statement": ("every trained arm runs replicates r = 0..R-1 per seed: replicate r > 0 is run r = 0 "
+                              "with train.replicate=r, another order of the same batches (the batch stream's seed "
+                              "gets the label ('replicate', r)), with the same warm start, silos, probe and "
+                              "evaluation episodes; the warm-start-only arm trains nothing and has one"),
+            }} if spec.replicates > 1 else {}),
             "pairing": claims[0]["pairing"],
             "environment": cfg.env.id,
             "base_overrides": drop_keys(list(spec.overrides), PATH_KEYS),
@@ -347,7 +370,12 @@ def build_registry(spec, plan) -> dict:
                             "falling back to the per-seed rates when episodes were not recorded"),
             "interval": ("95% Student-t interval over seeds of the mean paired difference; for success also a "
                          "hierarchical bootstrap (seeds, then paired episodes), reported, not deciding; Wilson "
-                         "intervals for pooled success counts; paired percentile bootstrap for ρ"),
+                         "intervals for pooled success counts; paired percentile bootstrap for ρ"
+                         + ("" if spec.replicates == 1 else
+                            f"; with {spec.replicates} training replicates per seed a seed's value is the mean of "
+                            "its replicates (the t test's unit stays the seed), and the success and ρ bootstraps "
+                            "resample seeds, then each arm's replicates within the seed, then the seed's episodes "
+                            "(shared by every arm and replicate)")),
             "verdict": ("confirmed if the Holm-adjusted p of H0 'effect <= 0' is <= α and the estimate reaches δ; "
                         "falsified if the Holm-adjusted p of H0 'effect >= δ' is <= α; otherwise inconclusive; "
                         "a missing or unmeasurable metric is inconclusive"),

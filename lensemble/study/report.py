@@ -28,8 +28,29 @@ from lensemble.study.plan import LADDER
 from lensemble.study.registry import diff_paths, load_registry
 from lensemble.study.tables import achieved_precision, communication_rows, paired_vs_ladder, rho_table_lines
 
-
 # ================================================================================== formatting
+
+def replicate_lines(arms: dict, design: dict) -> list[str]:
+    """The training replicates of the ladder's arms (only in a study with replicates, docs/study.md)."""
+    rows = [(arm, st["replicates"]) for arm, st in arms.items() if st.get("replicates")]
+    if not rows:
+        return []
+    reps = (design.get("replicates") or {}).get("per_seed_and_arm", "?")
+    out = ["", f"Training replicates ({reps} per seed and arm; another batch order each): a seed's value above is "
+           "the mean of its replicates, and the success and ρ intervals resample seeds, then replicates, then "
+           "tasks. Between-replicate SD of success within a seed, pooled over seeds (raw / binomial part "
+           "removed / 80 % upper end):", "",
+           "| arm | replicates per seed | success of each replicate, per seed | between-replicate SD |",
+           "|---|---|---|---|"]
+    for arm, r in rows:
+        sp = r.get("spread") or {}
+        per = "; ".join(f"s{k}: " + ", ".join(_pct(x) for x in v) for k, v in (r.get("per_seed") or {}).items())
+        sd = " / ".join(_num(sp.get(k)) if sp.get(k) is not None else "–"
+                        for k in ("sd_raw", "sd_moments", "sd_raw_upper80"))
+        out.append(f"| {_ARM_LABEL.get(arm, arm)} | {', '.join(str(v) for v in (r.get('n') or {}).values())} | "
+                   f"{_esc(per)} | {sd} |")
+    return out
+
 def _num(x, digits: int = 3) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "–"
@@ -236,6 +257,7 @@ def render_markdown(analysis: dict, registry: dict, figures: list[str]) -> str:
         if arm == "local" and s.get("success_best"):
             lines.append(f"| {_ARM_LABEL['local_best']} | {s['n_seeds']} | {_stat(s.get('success_best'))} | – | – | – | – "
                          f"| – | – | – | – | – | – |")
+    lines += replicate_lines(arms, design)
     lines += ["", "Probe R²: the linear position probe on the arm's latents; pixel-PCA R²: the same probe on a "
               "64-component PCA of the raw pixels of the same frames (a latent space below it has discarded "
               "position; docs/evaluation.md).", "",

@@ -17,7 +17,8 @@ import numpy as np
 
 from lensemble.errors import EvaluationError
 from lensemble.eval.stats import verdict
-from lensemble.study.gap import gap_recovery
+from lensemble.study.gap import gap_recovery, gap_recovery_replicated
+from lensemble.study.replicates import has_replicates, seed_units
 from lensemble.study.spec import FEDERATED_ARMS, RHO_REFERENCES
 
 
@@ -32,8 +33,16 @@ def rho_claim(fed: dict, local: dict, central: dict, *, threshold: float, alpha:
         out.update(label="inconclusive", reason=f"{len(seeds)} seed(s) with all three arms evaluated; the "
                                                 f"registry asks for at least {max(2, min_seeds)}")
         return out
-    g = gap_recovery([fed[s]["success"] for s in seeds], [local[s]["success"] for s in seeds],
-                     [central[s]["success"] for s in seeds], n_boot=n_boot, seed=0, alpha=alpha)
+    if has_replicates(fed, local, central):
+        # training replicates (issue 44): seeds, then replicates, then tasks (lensemble.study.replicates)
+        units, levels = seed_units([fed, local, central], seeds)
+        g = gap_recovery_replicated(units, n_boot=n_boot, seed=0, alpha=alpha, levels=levels)
+        out.update({"interval_method": g.method,
+                    "replicates": {name: {str(s): len(arm[s].get("replicates") or [arm[s]]) for s in seeds}
+                                   for name, arm in (("fed", fed), ("local", local), ("reference", central))}})
+    else:
+        g = gap_recovery([fed[s]["success"] for s in seeds], [local[s]["success"] for s in seeds],
+                         [central[s]["success"] for s in seeds], n_boot=n_boot, seed=0, alpha=alpha)
     out.update({"defined": g.defined, "rho": g.rho, "rho_ci": list(g.rho_ci) if g.rho_ci else None,
                 "numerator": g.numerator, "numerator_ci": list(g.numerator_ci), "denominator": g.denominator,
                 "denominator_ci": list(g.denominator_ci), "n_indeterminate": g.n_indeterminate})
@@ -80,7 +89,8 @@ def rho_table(cell_vals: dict, *, threshold: float, alpha: float, n_boot: int, m
 
 def simulated_rho_outcomes(*, local: float, reference: float, fed: float, n_seeds: int, n_episodes: int,
                            sd_seed: float, sd_train: float, threshold: float, alpha: float = 0.05,
-                           n_boot: int = 2000, reps: int = 200, seed: int = 0) -> dict:
+                           n_boot: int = 2000, reps: int = 200, seed: int = 0, replicates: int = 1,
+                           sd_replicate: float = 0.0) -> dict:
     """How often claim 3's registered decision (:func:`rho_claim`) confirms, falsifies or stays
     inconclusive when the arms' true success rates are ``local``, ``reference`` and ``fed``.
 
@@ -90,10 +100,29 @@ def simulated_rho_outcomes(*, local: float, reference: float, fed: float, n_seed
     (independent episodes ignore the positive task correlation between arms, which would narrow
     the interval: conservative). Returns the fractions {"confirmed", "falsified", "inconclusive"}
     and the true ρ.
+
+    With ``replicates`` > 1 or a ``sd_replicate`` (the measured between-replicate spread of an
+    arm's success within a seed), each arm trains ``replicates`` times per seed, each replicate
+    adding its own N(0, sd_replicate) to its true rate, and the decision uses the replicate
+    analysis (seeds, then replicates: :mod:`lensemble.study.replicates`); otherwise the one-run
+    model above, number for number.
     """
     rng = np.random.default_rng(seed)
     true = np.array([local, reference, fed])
     counts = {"confirmed": 0, "falsified": 0, "inconclusive": 0}
+    if replicates != 1 or sd_replicate:
+        for _ in range(reps):
+            shift = rng.normal(0.0, sd_seed, size=(n_seeds, 1, 1)) + rng.normal(0.0, sd_train, size=(n_seeds, 3, 1))
+            p = np.clip(true[None, :, None] + shift + rng.normal(0.0, sd_replicate, size=(n_seeds, 3, replicates)),
+                        0.0, 1.0)
+            rates = rng.binomial(n_episodes, p) / n_episodes                # (seeds, [local, ref, fed], replicate)
+            per = [{s: {"success": float(rates[s, j].mean()),
+                        "replicates": [{"success": float(x)} for x in rates[s, j]]} for s in range(n_seeds)}
+                   for j in range(3)]
+            res = rho_claim(per[2], per[0], per[1], threshold=threshold, alpha=alpha, n_boot=n_boot, min_seeds=2)
+            counts[res["label"]] += 1
+        return {**{k: v / reps for k, v in counts.items()}, "true_rho": (fed - local) / (reference - local),
+                "reps": reps, "replicates": replicates, "sd_replicate": sd_replicate}
     for _ in range(reps):
         shift = rng.normal(0.0, sd_seed, size=(n_seeds, 1)) + rng.normal(0.0, sd_train, size=(n_seeds, 3))
         p = np.clip(true[None, :] + shift, 0.0, 1.0)

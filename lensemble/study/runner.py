@@ -514,8 +514,9 @@ def _prioritised(todo: list[PlannedRun], plan: StudyPlan, first: Sequence[str]) 
 def _power_lines(registry: dict) -> list[str]:
     """What the registered test can detect at the planned size (the registry's power analysis)."""
     pa = registry["analysis"]["power_analysis"]
+    reps = f" × {pa['n_replicates']} replicates" if "n_replicates" in pa else ""
     lines = [f"power of the registered test at {pa['n_seeds']} seeds × {pa['n_episodes_per_arm_and_seed']} "
-             f"episodes (α = {pa['alpha']}, first Holm step {pa['first_holm_threshold']:.3g}):"]
+             f"episodes{reps} (α = {pa['alpha']}, first Holm step {pa['first_holm_threshold']:.3g}):"]
     for name, c in pa["components"].items():
         mde = c["mde_at_first_holm_step"]
         lines.append(f"  {name}: δ = {c['delta']} {c['unit']}, MDE {'undefined' if mde is None else format(mde, '.3g')}, "

@@ -41,7 +41,7 @@ from typing import Literal, Sequence
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from lensemble.config.loader import config_dir
 from lensemble.config.rungs import RUNGS
@@ -109,6 +109,19 @@ class PlanningSpec(_Spec):
     sd_effective_dim: float = Field(2.0, ge=0, description="SD of the per-seed effective-dim difference")
     episode_correlation: float = Field(0.0, ge=0, lt=1, description="correlation of two arms' outcomes on the "
                                        "same episode (0: unknown, the conservative choice)")
+    sd_replicate_success: float | None = Field(
+        None, ge=0, description="between-replicate SD of an arm's true success within a seed (training "
+        "replicates, docs/study.md 'Replicates'; measured: lensemble.study.power.replicate_spread). Unset: the "
+        "planning model has no replicate level and sd_train_success holds all training spread; set: "
+        "sd_train_success is the spread of the seed means alone")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_replicate_spread(self, handler):
+        # Added after registries were hashed with these assumptions: left out while unset.
+        out = handler(self)
+        if out.get("sd_replicate_success") is None:
+            out.pop("sd_replicate_success", None)
+        return out
 
 
 class RegistrySpec(_Spec):
@@ -161,6 +174,10 @@ class StudySpec(_Spec):
     overrides: list[str] = Field(default_factory=list, description="Hydra overrides of every run")
     seeds: list[int] = Field(min_length=1)
     warmstart: Literal["study", "seed"] = "study"
+    replicates: int = Field(
+        1, ge=1, le=100, description="training replicates per seed and arm (docs/study.md, 'Replicates'): "
+        "replicate r > 0 of a run is the same run with train.replicate=r (another batch order, the same warm "
+        "start, data and evaluation episodes); 1 plans exactly the runs of a study without replicates")
     budget: Literal["per_participant", "total"] = Field(
         "total", description="central steps: the federation's total C × rounds × H (total) or one participant's")
     rungs: list[str] = Field(default_factory=lambda: list(RUNGS))
