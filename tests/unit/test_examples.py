@@ -27,7 +27,8 @@ def _example(name: str):
                                     "outer_step_diagnostic.py", "pooled_objective_pilot.py", "pooled_study_power.py",
                                     "study_seed_table.py", "reacher_pose_resolution.py", "bf16_training_success.py",
                                     "planner_budget_pilot.py", "pusht_pusher_check.py",
-                                    "predictor_history.py"])
+                                    "predictor_history.py", "measure_kappa.py", "latent_spread.py",
+                                    "twin_dimensions.py"])
 def test_example_imports_and_shows_its_help(script):
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--help"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
