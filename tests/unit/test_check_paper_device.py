@@ -46,7 +46,9 @@ def test_device_fields_stay_out_of_the_dump_at_cpu():
     assert cfg.train.device == cfg.eval.device == "cpu"
     dumped = cfg.model_dump(mode="json")
     assert "device" not in dumped["train"] and "device" not in dumped["eval"]
-    assert cfg.config_hash()[:12] == "67a7f1af0476" and load_config(["eval.precision=fp32"]).config_hash()[:12] == "17df7dd54f14"
+    # the default's fp32 hash moved from 17df7dd54f14 with the CPU preset's outer step (issue 43;
+    # tests/unit/test_config.py pins both); micro, which does not compose the preset, kept its own
+    assert cfg.config_hash()[:12] == "67a7f1af0476" and load_config(["eval.precision=fp32"]).config_hash()[:12] == "180d638ee14a"
     gpu = load_config(["experiment=micro", "eval.precision=fp32", "train.device=cuda", "eval.device=cuda:1"])
     back = gpu.model_dump(mode="json")
     assert back["train"]["device"] == "cuda" and back["eval"]["device"] == "cuda:1"
