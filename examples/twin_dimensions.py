@@ -20,19 +20,14 @@ from pathlib import Path
 from lensemble.artifacts.checkpoint import load_checkpoint
 from lensemble.config.loader import load_config
 from lensemble.data.store import ensure_data, probe_frames
-from lensemble.federation.bn_stats import recalibrate_on_probe
-from lensemble.model.collapse import effective_dim, latent_std
-from lensemble.model.encoder import embed_frames
+from lensemble.federation.bn_stats import probe_spread
 from lensemble.model.world_model import world_model_from_state
 from lensemble.report.baselines import TWIN, baseline_config
 
 
-def probe_spread(checkpoint, probe, cfg) -> tuple[float, float]:
+def checkpoint_spread(checkpoint, probe, cfg) -> tuple[float, float]:
     ck = load_checkpoint(checkpoint)
-    model = world_model_from_state(ck.architecture, ck.tensors)
-    recalibrate_on_probe(model.encoder, probe, cfg)
-    z = embed_frames(model.encoder, probe)
-    return effective_dim(z), latent_std(z)
+    return probe_spread(world_model_from_state(ck.architecture, ck.tensors).encoder, probe, cfg)
 
 
 def main(argv: list[str] | None = None) -> list:
@@ -49,8 +44,8 @@ def main(argv: list[str] | None = None) -> list:
     twin = baseline_config(cfg, TWIN, cfg.federation.rounds)
     twin = twin.model_copy(update={"train": twin.train.model_copy(update={"checkpoint_every": cfg.federation.inner_steps})})
     train_local(twin, source="pooled", run_dir=args.out, init_checkpoint=args.warmstart, progress=False)
-    rows = [("warmstart", *probe_spread(args.warmstart, probe, cfg))]
-    rows += [(p.name, *probe_spread(p, probe, cfg)) for p in sorted(Path(args.out, "checkpoints").glob("step-*"))]
+    rows = [("warmstart", *checkpoint_spread(args.warmstart, probe, cfg))]
+    rows += [(p.name, *checkpoint_spread(p, probe, cfg)) for p in sorted(Path(args.out, "checkpoints").glob("step-*"))]
     for name, dim, std in rows:
         print(f"{name}: effective dimension {dim:.2f}, latent std {std:.3f}")
     (Path(args.out) / "dims.json").write_text(json.dumps(rows))

@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 
 from lensemble.config.schema import LensembleConfig
-from lensemble.model.encoder import Encoder, recalibrate_batchnorm
+from lensemble.model.collapse import effective_dim, latent_std
+from lensemble.model.encoder import Encoder, embed_frames, recalibrate_batchnorm
 
 #: Frames per recalibration batch: one default training batch's frames (64 clips x 4 frames are
 #: encoded in one pass), so the statistics are as noisy as those the encoder was trained with; the
@@ -49,4 +50,13 @@ def recalibrate_on_probe(encoder: Encoder, probe: torch.Tensor, cfg: LensembleCo
     return recalibrate_batchnorm(encoder, (probe[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)))
 
 
-__all__ = ["PROBE_BATCH_FRAMES", "recalibrates", "recalibrate_on_probe"]
+def probe_spread(encoder: Encoder, probe: torch.Tensor, cfg: LensembleConfig) -> tuple[float, float]:
+    """(effective dimension, latent std) of ``encoder`` on the probe, measured as the coordinator
+    measures each round's global: statistics re-estimated on the probe first (this changes the
+    encoder's BatchNorm buffers), then eval-mode embeddings."""
+    recalibrate_on_probe(encoder, probe, cfg)
+    z = embed_frames(encoder, probe)
+    return effective_dim(z), latent_std(z)
+
+
+__all__ = ["PROBE_BATCH_FRAMES", "probe_spread", "recalibrates", "recalibrate_on_probe"]

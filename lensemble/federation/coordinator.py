@@ -33,7 +33,7 @@ from lensemble.errors import (
     PrivacyBudgetExceeded,
     ProbeError,
 )
-from lensemble.federation.bn_stats import recalibrate_on_probe
+from lensemble.federation.bn_stats import probe_spread, recalibrate_on_probe
 from lensemble.federation.checks import check_federation_config
 from lensemble.federation.codec import payload_nbytes, quant_ratio
 from lensemble.federation.global_cache import cache_config, global_digest
@@ -125,9 +125,7 @@ class Coordinator:
         self.reference_probe = embed_frames(ref_model.encoder, self.probe)  # E_ref = f_ref(P)
         # [stability] the warm start as the rounds' globals are measured (statistics re-estimated on
         # the probe): the reference of the run's watch for coming apart (federation/stability.py)
-        recalibrate_on_probe(ref_model.encoder, self.probe, cfg)
-        ws_probe = embed_frames(ref_model.encoder, self.probe)
-        self._warmstart_spread = (effective_dim(ws_probe), latent_std(ws_probe))
+        self._warmstart_spread = probe_spread(ref_model.encoder, self.probe, cfg)
         # [gauge] The probe's landmark / measurement split (docs/gauge.md §4): the anchor, the backstop
         # and the distillation fit on the landmark frames; every drift number uses the measurement frames.
         self.split = probe_split_for(cfg, self.probe_hash, len(self.probe))

@@ -267,6 +267,14 @@ def _own_path(state_dir: Path, t: int) -> Path:
     return state_dir / f"summary-{t:05d}.npz"
 
 
+def _summary_payload(arrays: dict[str, np.ndarray], cfg: LensembleConfig, phase: str) -> dict[str, np.ndarray]:
+    """A pass's reply payload: scaled and range-checked for SecAgg+ (the Flower app masks it) under
+    secure aggregation, the plain flat fp32 arrays otherwise."""
+    if cfg.federation.secure_aggregation:
+        return secure_summary_payload(arrays, cfg, phase)
+    return encode_delta({k: torch.from_numpy(arrays[k]) for k in sorted(arrays)})
+
+
 def pooled_mean_of(extras: dict[str, np.ndarray] | None) -> SiloSummary | None:
     """The pooled mean summary an ask's extras carry (``pooled.*``), or None when they carry none."""
     arrays = {k[len(PREFIX):]: v for k, v in (extras or {}).items()
@@ -298,10 +306,7 @@ def summary_round(cfg: LensembleConfig, model, sampler, sketch: torch.Tensor, st
         pooled = mean.bn
     summary = summarise(model, obs, sketch, cfg, pooled=pooled, ecf=phase == SUMMARY_PHASE)
     arrays = summary.to_arrays()
-    if cfg.federation.secure_aggregation:  # scaled and checked for SecAgg+'s range; masked by the Flower app
-        payload = secure_summary_payload(arrays, cfg, phase)
-    else:
-        payload = encode_delta({k: torch.from_numpy(arrays[k]) for k in sorted(arrays)})
+    payload = _summary_payload(arrays, cfg, phase)
     if phase == SUMMARY_PHASE:
         np.savez(_own_path(state_dir, t), **arrays)
         for old in sorted(state_dir.glob("summary-*.npz"))[:-2]:
@@ -325,10 +330,7 @@ def _gradient_round(cfg: LensembleConfig, model, clips, sketch: torch.Tensor, st
     pooling = others_pooling(SiloSummary(mean.ecf, mean.bn), own and SiloSummary(own.ecf, own.bn), len(members))
     grads = moment_gradients(model, clips, sketch, cfg, pooling, mean.bn)
     arrays = SiloSummary(None, None, grads).to_arrays()
-    if cfg.federation.secure_aggregation:
-        payload = secure_summary_payload(arrays, cfg, GRADIENT_PHASE)
-    else:
-        payload = encode_delta({k: torch.from_numpy(arrays[k]) for k in sorted(arrays)})
+    payload = _summary_payload(arrays, cfg, GRADIENT_PHASE)
     if own is not None:  # its own part, to subtract from the pooled sum in the train ask
         np.savez(_own_path(state_dir, t), **(own.to_arrays() | arrays))
     metrics = {"fed/summary_clips": cfg.objective.summary_clips, "fed/compute_seconds": time.perf_counter() - started}

@@ -19,10 +19,9 @@ The coordinator is duck-typed: ``num_rounds``, ``next_round``, ``round_config(t)
 ``global_arrays()``, optional ``extras`` (public side inputs, e.g. anchor targets), optional
 ``before_ask(t)`` (called just before every ask: the DP tally counts asks durably), optional
 ``pools`` with ``summary_config(t)``, ``close_summaries(t, replies, failures, wire_bytes=[,
-secure_sum=])`` (and, when ``moments_first``, ``moments_config(t)`` and ``close_moments(...)``: the
-BatchNorm moments pass before the summary ask, whose extras are its result; when
-``gradient_pass``, ``gradient_config(t)`` and ``close_gradients(...)``: the moment-gradient pass
-after it, asked with the pooled summary, whose result joins the train ask's extras) and optional ``global_cache_config(t)`` (the pooled objective's summary ask before
+secure_sum=])`` (and, when ``moments_first``, ``moments_config(t)`` and ``close_moments(...)``;
+when ``gradient_pass``, ``gradient_config(t)`` and ``close_gradients(...)``: the other summary
+passes, :func:`_summary_passes`) and optional ``global_cache_config(t)`` (the pooled objective's summary ask before
 the train ask, :mod:`lensemble.federation.pooling`; the train ask's round config then names the
 global by its digest for the participants that kept it, :mod:`lensemble.federation.global_cache`,
 and an ask sends those an empty global), ``close_round(t, replies, failures, wire_bytes=,
@@ -87,34 +86,9 @@ def drive_rounds(coordinator: Any, ask: AskFn, federation: FederationConfig, *, 
                     coordinator.before_ask(t)  # e.g. the DP tally counts the ask before it goes out
                 extras = dict(getattr(coordinator, "extras", None) or {})
                 if getattr(coordinator, "pools", False):
-                    # the pooled objective: every participant's summary with this round's global
+                    # the pooled objective: the participants' summaries of this round's global
                     # model first; the train ask carries their mean (federation/pooling.py)
-                    summary_config, first = coordinator.summary_config(t), {}
-                    if getattr(coordinator, "moments_first", False):
-                        # SIGReg and BatchNorm pooled: the BatchNorm moments first, so that every
-                        # ECF summary is encoded under the round's pooled moments
-                        moments = ask(t, coordinator.moments_config(t), coordinator.global_arrays(), {},
-                                      federation.round_timeout_s)
-                        secure = {"secure_sum": moments.secure_sum} if moments.secure_sum is not None else {}
-                        first = coordinator.close_moments(t, moments.replies, moments.failures,
-                                                          wire_bytes=moments.wire_bytes, **secure)
-                        if hasattr(coordinator, "global_cache_config"):
-                            summary_config = {**summary_config, **coordinator.global_cache_config(t)}
-                    summaries = ask(t, summary_config, coordinator.global_arrays(), first,
-                                    federation.round_timeout_s)
-                    # under secure aggregation the summaries come as their SecAgg+ sum
-                    secure = {"secure_sum": summaries.secure_sum} if summaries.secure_sum is not None else {}
-                    pooled = coordinator.close_summaries(t, summaries.replies, summaries.failures,
-                                                         wire_bytes=summaries.wire_bytes, **secure)
-                    cached = coordinator.global_cache_config(t) if hasattr(coordinator, "global_cache_config") else {}
-                    if getattr(coordinator, "gradient_pass", False):
-                        # BatchNorm pooled: each participant's gradient with respect to the pooled
-                        # moments, under the pooled summary; the train ask carries their mean
-                        grads = ask(t, {**coordinator.gradient_config(t), **cached}, coordinator.global_arrays(),
-                                    pooled, federation.round_timeout_s)
-                        secure = {"secure_sum": grads.secure_sum} if grads.secure_sum is not None else {}
-                        pooled |= coordinator.close_gradients(t, grads.replies, grads.failures,
-                                                              wire_bytes=grads.wire_bytes, **secure)
+                    pooled, cached = _summary_passes(coordinator, ask, t, federation.round_timeout_s)
                     extras |= pooled
                     # those whose summary was accepted kept this global: the train ask sends
                     # them its digest instead (federation/global_cache.py)
@@ -123,9 +97,9 @@ def drive_rounds(coordinator: Any, ask: AskFn, federation: FederationConfig, *, 
                 seconds = time.monotonic() - started
                 # only a secure ask passes the sum: a coordinator without secure aggregation
                 # keeps its signature
-                secure = {"secure_sum": answers.secure_sum} if answers.secure_sum is not None else {}
                 metrics = coordinator.close_round(t, answers.replies, answers.failures,
-                                                  wire_bytes=answers.wire_bytes, seconds=seconds, **secure) or {}
+                                                  wire_bytes=answers.wire_bytes, seconds=seconds,
+                                                  **_secure(answers)) or {}
                 break
             except FaultToleranceExceeded as err:
                 say(f"round {t + 1}/{total} attempt {attempt} failed: {err.message}")
@@ -135,6 +109,38 @@ def drive_rounds(coordinator: Any, ask: AskFn, federation: FederationConfig, *, 
     summary = coordinator.finish()
     say(f"federation finished: {total} rounds")
     return summary
+
+
+def _secure(answers: Answers) -> dict:
+    """``{"secure_sum": ...}`` when the ask ran secure aggregation, else nothing: a coordinator
+    without secure aggregation keeps its signature."""
+    return {"secure_sum": answers.secure_sum} if answers.secure_sum is not None else {}
+
+
+def _summary_passes(coordinator: Any, ask: AskFn, t: int, deadline_s: float) -> tuple[dict, dict]:
+    """Round t's summary passes (federation/pooling.py, PHASES): the BatchNorm moments when
+    ``coordinator.moments_first`` (SIGReg and BatchNorm pooled: every ECF summary is encoded under
+    the round's pooled moments), the summaries, then the moment gradients when
+    ``coordinator.gradient_pass``, each asked with the previous pass's pooled result. Returns (the
+    train ask's extras, its global-cache round config)."""
+    def cached() -> dict:  # who kept this round's global, named in the next ask
+        return coordinator.global_cache_config(t) if hasattr(coordinator, "global_cache_config") else {}
+
+    summary_config, first = coordinator.summary_config(t), {}
+    if getattr(coordinator, "moments_first", False):
+        moments = ask(t, coordinator.moments_config(t), coordinator.global_arrays(), {}, deadline_s)
+        first = coordinator.close_moments(t, moments.replies, moments.failures, wire_bytes=moments.wire_bytes,
+                                          **_secure(moments))
+        summary_config = {**summary_config, **cached()}
+    summaries = ask(t, summary_config, coordinator.global_arrays(), first, deadline_s)
+    pooled = coordinator.close_summaries(t, summaries.replies, summaries.failures, wire_bytes=summaries.wire_bytes,
+                                         **_secure(summaries))
+    kept = cached()
+    if getattr(coordinator, "gradient_pass", False):
+        grads = ask(t, {**coordinator.gradient_config(t), **kept}, coordinator.global_arrays(), pooled, deadline_s)
+        pooled |= coordinator.close_gradients(t, grads.replies, grads.failures, wire_bytes=grads.wire_bytes,
+                                              **_secure(grads))
+    return pooled, kept
 
 
 def _printer(enabled: bool) -> Callable[[str], None]:
